@@ -1,0 +1,30 @@
+# loopscale: two commands do everything.
+#   make reproduce   set up .venv and run the cpu preset of the pipeline (results/ rebuilt)
+#   make test        set up .venv and run the test suite (what CI runs)
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+PRESET ?= cpu
+CORES  ?= all
+
+.PHONY: setup reproduce test test-fast bench clean-runs
+
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml requirements.lock
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $@
+
+reproduce: setup
+	$(BIN)/snakemake --cores $(CORES) --config preset=$(PRESET)
+
+test: setup
+	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
+
+test-fast: setup
+	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -m "not slow"
+
+bench: setup
+	$(BIN)/loopscale bench --preset cpu

@@ -1,0 +1,339 @@
+"""Run configuration: dataclasses, presets, overrides and validation.
+
+A run is fully described by one `RunConfig` (model + objective + data + train + eval).
+Configs round-trip through plain dicts (JSON/YAML); unknown keys, wrong types and
+unknown condition values raise `ConfigError` with a one-line message naming the key.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import yaml
+
+READOUTS = ("rmsnorm", "layernorm", "raw", "final_norm")
+LOSSES = ("terminal", "per_loop")
+REGULARIZERS = ("none", "norm_penalty")
+RECURRENCES = ("residual", "inter_loop_norm")
+INITS = ("pytorch", "gpt2")
+SOURCES = ("builtin", "wikitext-103", "wikitext-2", "text-files")
+TOKENIZERS = ("word", "bpe")
+FIT_ON = ("train+validation", "train")
+DEVICES = ("auto", "cpu", "cuda", "mps")
+PRECISIONS = ("auto", "fp32", "bf16")
+CE_IMPLS = ("chunked", "plain")
+
+
+class ConfigError(ValueError):
+    """A bad setting. The message is one line and names the offending key."""
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 20000
+    d_model: int = 512
+    n_layers: int = 8
+    n_heads: int = 8
+    d_ff: int = 2048  # SwiGLU hidden width
+    seq_len: int = 256
+    n_loops: int = 4  # K: how often the shared stack is applied in training
+    dropout: float = 0.1
+    norm_eps: float = 1e-6
+    readout: str = "rmsnorm"  # rmsnorm | layernorm | raw | final_norm
+    recurrence: str = "residual"  # residual | inter_loop_norm
+    init: str = "pytorch"  # pytorch (paper: N(0,1) embeddings) | gpt2 (N(0, 0.02))
+
+
+@dataclass
+class ObjectiveConfig:
+    loss: str = "per_loop"  # terminal | per_loop
+    regularizer: str = "none"  # none | norm_penalty
+    penalty_weight: float = 0.01  # lambda of the norm penalty
+    ce_impl: str = "chunked"  # chunked (memory-lean, exact) | plain
+    ce_chunk_tokens: int = 4096  # tokens per chunk of the chunked cross-entropy
+
+
+@dataclass
+class DataConfig:
+    source: str = "builtin"  # builtin | wikitext-103 | wikitext-2 | text-files
+    train_file: Optional[str] = None  # for source=text-files
+    validation_file: Optional[str] = None
+    test_file: Optional[str] = None
+    tokenizer: str = "word"  # word (paper regex) | bpe (byte-level BPE)
+    vocab_size: int = 20000  # includes the special tokens
+    min_frequency: int = 2
+    fit_on: str = "train+validation"  # paper: train + validation
+    validation_fraction: float = 0.05  # builtin corpus: share of documents per split
+    test_fraction: float = 0.05
+    split_seed: int = 0
+
+
+@dataclass
+class TrainConfig:
+    batch_size: int = 64
+    lr: float = 3e-4  # constant, no warm-up or decay (paper)
+    weight_decay: float = 0.01
+    betas: list = field(default_factory=lambda: [0.9, 0.999])
+    grad_clip: float = 1.0
+    epochs: float = 4.0
+    max_steps: Optional[int] = None  # overrides epochs when set
+    stride: int = 128  # training windows of seq_len+1 tokens every `stride` tokens
+    seed: int = 42
+    device: str = "auto"  # auto | cpu | cuda | mps
+    precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 elsewhere) | fp32 | bf16
+    compile: bool = False
+    log_every: int = 50
+    ckpt_every: int = 500
+    eval_every: int = 0  # 0: validate only at the end
+    eval_tokens: int = 65536  # validation tokens for the in-training evaluation
+    threads: int = 0  # torch CPU threads; 0 leaves torch's default
+
+
+@dataclass
+class EvalConfig:
+    batch_size: int = 16
+    max_tokens: int = 0  # depth-eval tokens; 0 = the whole validation split
+    depth_factor: int = 3  # extrapolate to depth_factor * K
+    norm_tokens: int = 20480  # tokens for the per-token norm distribution
+    radial_tokens: int = 8192
+    lemma_loops: int = 30
+    lemma_tokens: int = 8192
+    clamp_tokens: int = 32768
+    halting_tokens: int = 65536
+    halting_epsilon: float = 0.01
+    throughput_batches: int = 10
+    throughput_warmup: int = 2
+    device: str = "auto"
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+
+    # -- dict round trip -------------------------------------------------
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "") -> "RunConfig":
+        cfg = _build(cls, d, where)
+        validate(cfg)
+        return cfg
+
+    def fingerprint(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+
+# ---------------------------------------------------------------------------
+# presets
+# ---------------------------------------------------------------------------
+MODEL_PRESETS: dict[str, dict] = {
+    # DESIGN §2: 44M = d512, 8 layers, 8 heads, SwiGLU 2048, seq 256, K=4, batch 64
+    "paper-44m": dict(model=dict(vocab_size=20000, d_model=512, n_layers=8, n_heads=8, d_ff=2048,
+                                 seq_len=256, n_loops=4), train=dict(batch_size=64)),
+    # 129M = d768, 12 layers, 12 heads, SwiGLU 3072, seq 256, K=4, batch 32
+    "paper-129m": dict(model=dict(vocab_size=20000, d_model=768, n_layers=12, n_heads=12, d_ff=3072,
+                                  seq_len=256, n_loops=4), train=dict(batch_size=32)),
+    # laptop scale: same architecture, init and objective; small width, short context
+    "cpu": dict(model=dict(vocab_size=8192, d_model=128, n_layers=2, n_heads=4, d_ff=512,
+                           seq_len=128, n_loops=4),
+                data=dict(vocab_size=8192),
+                train=dict(batch_size=16, lr=1e-3, max_steps=600, stride=64, log_every=25,
+                           ckpt_every=200, eval_tokens=32768)),
+    # seconds: for tests and the smoke grid
+    "smoke": dict(model=dict(vocab_size=2048, d_model=32, n_layers=1, n_heads=2, d_ff=64,
+                             seq_len=32, n_loops=3, dropout=0.0),
+                  data=dict(vocab_size=2048),
+                  train=dict(batch_size=8, lr=1e-3, max_steps=30, stride=32, log_every=5,
+                             ckpt_every=10, eval_tokens=2048),
+                  eval=dict(batch_size=8, max_tokens=4096, norm_tokens=2048, radial_tokens=1024,
+                            lemma_loops=8, lemma_tokens=1024, clamp_tokens=2048, halting_tokens=4096,
+                            throughput_batches=3, throughput_warmup=1)),
+}
+
+
+def preset(name: str, overrides: Optional[dict] = None) -> RunConfig:
+    """A RunConfig from a named preset plus nested-dict overrides."""
+    if name not in MODEL_PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(MODEL_PRESETS)}")
+    d = merge(RunConfig().to_dict(), MODEL_PRESETS[name])
+    if overrides:
+        d = merge(d, overrides, where="override")
+    return RunConfig.from_dict(d)
+
+
+def merge(base: dict, update: dict, where: str = "") -> dict:
+    """Deep-merge `update` into a copy of `base`; keys of `update` must exist in `base`."""
+    out = copy.deepcopy(base)
+    for k, v in update.items():
+        key = f"{where}.{k}" if where else k
+        if k not in out:
+            raise ConfigError(f"unknown key {key!r}")
+        if isinstance(out[k], dict) and isinstance(v, dict):
+            out[k] = merge(out[k], v, key)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def parse_overrides(items: list[str]) -> dict:
+    """`["train.lr=1e-3", "model.readout=raw"]` -> nested dict (values parsed as YAML)."""
+    out: dict = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like section.key=value")
+        path, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError:
+            value = raw
+        node = out
+        parts = path.strip().split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return out
+
+
+def load_config(path: str, overrides: Optional[list[str]] = None) -> RunConfig:
+    """Load a run config from YAML/JSON. A top-level `preset:` key starts from that preset."""
+    try:
+        with open(path) as f:
+            d = yaml.safe_load(f) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path!r} not found") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path!r} is not valid YAML: {str(e).splitlines()[0]}") from None
+    if not isinstance(d, dict):
+        raise ConfigError(f"config file {path!r} must hold a mapping at top level")
+    d = dict(d)
+    name = d.pop("preset", None)
+    base = preset(name).to_dict() if name else RunConfig().to_dict()
+    merged = merge(base, d)
+    if overrides:
+        merged = merge(merged, parse_overrides(overrides), "override")
+    return RunConfig.from_dict(merged)
+
+
+# ---------------------------------------------------------------------------
+# typed construction and validation
+# ---------------------------------------------------------------------------
+def _build(cls, d: Any, where: str):
+    if not isinstance(d, dict):
+        raise ConfigError(f"{where or 'config'} must be a mapping, got {type(d).__name__}")
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    for k in d:
+        if k not in names:
+            raise ConfigError(f"unknown key {_join(where, k)!r}")
+    kwargs = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in d:
+            continue
+        key = _join(where, f.name)
+        kwargs[f.name] = _coerce(hints[f.name], d[f.name], key)
+    return cls(**kwargs)
+
+
+def _join(where: str, k: str) -> str:
+    return f"{where}.{k}" if where else k
+
+
+def _coerce(tp, v, key):
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, v, key)
+    if origin is typing.Union:  # Optional[X]
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if v is None:
+            return None
+        return _coerce(args[0], v, key)
+    if tp is bool:
+        if isinstance(v, bool):
+            return v
+        raise ConfigError(f"{key} must be true or false, got {v!r}")
+    if tp is int:
+        if isinstance(v, bool) or not (isinstance(v, int) or (isinstance(v, float) and v.is_integer())):
+            raise ConfigError(f"{key} must be an integer, got {v!r}")
+        return int(v)
+    if tp is float:
+        if isinstance(v, str):
+            try:
+                v = float(v)
+            except ValueError:
+                pass
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ConfigError(f"{key} must be a number, got {v!r}")
+        return float(v)
+    if tp is str:
+        if not isinstance(v, str):
+            raise ConfigError(f"{key} must be a string, got {v!r}")
+        return v
+    if tp is list or origin is list:
+        if not isinstance(v, (list, tuple)):
+            raise ConfigError(f"{key} must be a list, got {v!r}")
+        return list(v)
+    return v
+
+
+_CHOICES = {
+    ("model", "readout"): READOUTS,
+    ("model", "recurrence"): RECURRENCES,
+    ("model", "init"): INITS,
+    ("objective", "loss"): LOSSES,
+    ("objective", "regularizer"): REGULARIZERS,
+    ("objective", "ce_impl"): CE_IMPLS,
+    ("data", "source"): SOURCES,
+    ("data", "tokenizer"): TOKENIZERS,
+    ("data", "fit_on"): FIT_ON,
+    ("train", "device"): DEVICES,
+    ("train", "precision"): PRECISIONS,
+    ("eval", "device"): DEVICES,
+}
+
+
+def validate(cfg: RunConfig) -> None:
+    for (sec, name), choices in _CHOICES.items():
+        v = getattr(getattr(cfg, sec), name)
+        if v not in choices:
+            raise ConfigError(f"{sec}.{name}: unknown value {v!r}; choose one of {', '.join(choices)}")
+    m, t, d, o = cfg.model, cfg.train, cfg.data, cfg.objective
+    positive = {"model.vocab_size": m.vocab_size, "model.d_model": m.d_model, "model.n_layers": m.n_layers,
+                "model.n_heads": m.n_heads, "model.d_ff": m.d_ff, "model.seq_len": m.seq_len,
+                "model.n_loops": m.n_loops, "train.batch_size": t.batch_size, "train.lr": t.lr,
+                "train.stride": t.stride, "train.log_every": t.log_every, "train.ckpt_every": t.ckpt_every,
+                "data.vocab_size": d.vocab_size, "eval.batch_size": cfg.eval.batch_size,
+                "objective.ce_chunk_tokens": o.ce_chunk_tokens}
+    for key, v in positive.items():
+        if not v > 0:
+            raise ConfigError(f"{key} must be positive, got {v!r}")
+    if m.d_model % m.n_heads:
+        raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.n_heads ({m.n_heads})")
+    if not 0.0 <= m.dropout < 1.0:
+        raise ConfigError(f"model.dropout must be in [0, 1), got {m.dropout}")
+    if t.max_steps is not None and t.max_steps <= 0:
+        raise ConfigError(f"train.max_steps must be positive, got {t.max_steps}")
+    if t.max_steps is None and not t.epochs > 0:
+        raise ConfigError(f"train.epochs must be positive, got {t.epochs}")
+    if o.penalty_weight < 0:
+        raise ConfigError(f"objective.penalty_weight must be >= 0, got {o.penalty_weight}")
+    if d.vocab_size > 65535:
+        raise ConfigError(f"data.vocab_size {d.vocab_size} does not fit uint16 token storage (max 65535)")
+    if m.vocab_size < d.vocab_size:
+        raise ConfigError(f"model.vocab_size ({m.vocab_size}) is smaller than data.vocab_size ({d.vocab_size})")
+    if d.source == "text-files" and not (d.train_file and d.validation_file):
+        raise ConfigError("data.train_file and data.validation_file are required with data.source=text-files")
+    if not (0 < d.validation_fraction < 1 and 0 <= d.test_fraction < 1
+            and d.validation_fraction + d.test_fraction < 1):
+        raise ConfigError("data.validation_fraction and data.test_fraction must be fractions summing below 1")
+    if len(t.betas) != 2:
+        raise ConfigError(f"train.betas must hold two numbers, got {t.betas!r}")

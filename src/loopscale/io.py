@@ -1,0 +1,107 @@
+"""Files that survive crashes: atomic writes, safe checkpoint loading, run provenance."""
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint is missing, truncated, corrupted or belongs to another model."""
+
+
+def _atomic(path: str | os.PathLike, write) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return path
+
+
+def atomic_write_bytes(path, data: bytes) -> Path:
+    return _atomic(path, lambda f: f.write(data))
+
+
+def atomic_write_text(path, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode())
+
+
+def atomic_write_json(path, obj: Any) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False, default=_jsonable) + "\n")
+
+
+def _jsonable(o):
+    if isinstance(o, torch.Tensor):
+        return o.tolist()
+    if hasattr(o, "item"):
+        return o.item()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def atomic_torch_save(path, obj: Any) -> Path:
+    return _atomic(path, lambda f: torch.save(obj, f))
+
+
+def load_checkpoint(path, map_location="cpu") -> dict:
+    """Load a checkpoint with weights_only=True (nothing is unpickled beyond tensors and
+    plain containers); any failure becomes one CheckpointError naming the file."""
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} not found; train the run first (loopscale train)")
+    try:
+        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # torch raises many kinds for truncated/corrupt/unsafe files
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+        if "weights_only" in str(e) or "Unsupported global" in str(e):
+            raise CheckpointError(f"checkpoint {path} holds objects that are not plain tensors/containers "
+                                  f"and was refused for safety ({first})") from None
+        raise CheckpointError(f"checkpoint {path} is truncated or corrupted ({type(e).__name__}: {first}); "
+                              f"delete it and rerun to retrain") from None
+    if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:
+        raise CheckpointError(f"checkpoint {path} is not a loopscale checkpoint (missing model/config)")
+    return ckpt
+
+
+def git_commit(cwd: str | os.PathLike | None = None) -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd or Path(__file__).parent,
+                             capture_output=True, text=True, timeout=5)
+        return out.stdout.strip() or None if out.returncode == 0 else None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def run_environment(device: str | None = None) -> dict:
+    """Provenance recorded with every run."""
+    from . import __version__
+    env = {
+        "loopscale": __version__,
+        "git_commit": git_commit(),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "device": device,
+        "cpu_threads": torch.get_num_threads(),
+    }
+    if device and device.startswith("cuda") and torch.cuda.is_available():
+        env["gpu"] = torch.cuda.get_device_name()
+    return env

@@ -1,0 +1,153 @@
+"""The looped language model, in one file.
+
+One shared stack of pre-norm decoder blocks is applied K times. After loop k the hidden
+state H_k is both *read out* (logits_k = W_emb · r(H_k)) and *fed back* as the input of
+loop k+1. Two choices decide the paper's story:
+
+  readout r(·)   rmsnorm | layernorm  scale-invariant: r(αH) = r(H), the loss cannot see ‖H‖
+                 raw                  r(H) = H: the loss sees the scale
+                 final_norm           raw at loops 1..K-1, RMSNorm at loop K
+  recurrence     residual             H_k feeds loop k+1 as is (paper default)
+                 inter_loop_norm      RMSNorm(H_k) feeds loop k+1 (scale removed from the loop)
+
+Everything else follows the paper's setup: learned absolute positions added once, no
+biases, SwiGLU MLP, LM head tied to the token embedding, PyTorch default initialisation
+(so token embeddings are N(0, 1)).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from .config import ModelConfig
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)  # fused q, k, v
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.dropout = cfg.dropout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+class SwiGLU(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_up = nn.Linear(cfg.d_model, 2 * cfg.d_ff, bias=False)  # fused gate and up
+        self.down = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up(x).chunk(2, dim=-1)
+        return self.down(F.silu(gate) * up)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.norm1 = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.norm2 = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.mlp = SwiGLU(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.norm1(x)))
+        x = x + self.drop(self.mlp(self.norm2(x)))
+        return x
+
+
+def make_norm(kind: str, cfg: ModelConfig) -> nn.Module:
+    if kind == "layernorm":
+        return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=False)
+    return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+
+
+class LoopedLM(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))  # the shared stack
+        # one readout norm shared by every loop (absent for the raw readout)
+        self.readout_norm = None if cfg.readout == "raw" else make_norm(cfg.readout, cfg)
+        self.loop_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.recurrence == "inter_loop_norm" else None
+        if cfg.init == "gpt2":
+            self.apply(_gpt2_init)
+
+    # -- the loop ------------------------------------------------------------
+    def forward(self, idx: torch.Tensor, n_loops: int | None = None) -> list[torch.Tensor]:
+        """Run the shared stack `n_loops` times (default K) and return [H_1, ..., H_n].
+
+        Each H_k is the state after loop k, before any normalisation."""
+        n_loops = self.cfg.n_loops if n_loops is None else n_loops
+        T = idx.shape[1]
+        if T > self.cfg.seq_len:
+            raise ValueError(f"sequence length {T} exceeds the model's seq_len {self.cfg.seq_len}")
+        pos = torch.arange(T, device=idx.device)
+        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+        states = []
+        for _ in range(n_loops):
+            for block in self.blocks:
+                x = block(x)
+            states.append(x)                      # H_k: read out from here
+            if self.loop_norm is not None:
+                x = self.loop_norm(x)             # inter-loop normalisation: scale leaves the loop
+        return states
+
+    # -- the readout -----------------------------------------------------------
+    def readout(self, h: torch.Tensor, final: bool = True) -> torch.Tensor:
+        """r(H): the normalised (or raw) state that the tied head reads.
+
+        `final` marks the last exit of the pass; only `final_norm` cares."""
+        if self.cfg.readout == "raw" or (self.cfg.readout == "final_norm" and not final):
+            return h
+        return self.readout_norm(h)
+
+    def logits(self, h: torch.Tensor, final: bool = True) -> torch.Tensor:
+        return F.linear(self.readout(h, final), self.tok_emb.weight)  # tied LM head
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        return self.tok_emb.weight
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+def _gpt2_init(m: nn.Module) -> None:
+    if isinstance(m, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(m.weight, mean=0.0, std=0.02)
+
+
+def flops_per_token(cfg: ModelConfig, n_loops: int | None = None, n_readouts: int | None = None,
+                    seq_len: int | None = None) -> int:
+    """Forward matmul FLOPs per token (2 per multiply-add): the stack counted once per loop,
+    the vocabulary head once per readout, attention scores at the given context length."""
+    K = cfg.n_loops if n_loops is None else n_loops
+    R = K if n_readouts is None else n_readouts
+    T = cfg.seq_len if seq_len is None else seq_len
+    d, f = cfg.d_model, cfg.d_ff
+    per_layer = 2 * (3 * d * d + d * d + 3 * d * f) + 2 * 2 * T * d / 2  # projections + causal QK^T, AV
+    return int(K * cfg.n_layers * per_layer + R * 2 * d * cfg.vocab_size)
+
+
+def count_params(cfg: ModelConfig) -> int:
+    with torch.device("meta"):
+        return LoopedLM(cfg).num_params()
+
+
+if __name__ == "__main__":  # parameter counts of the paper presets
+    from .config import preset
+    for name in ("paper-44m", "paper-129m", "cpu", "smoke"):
+        print(f"{name:>11}: {count_params(preset(name).model) / 1e6:8.2f}M parameters")
