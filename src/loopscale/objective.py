@@ -25,10 +25,11 @@ class _ChunkedLinearCE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, targets, chunk):
         n = x.shape[0]
-        lse = torch.empty(n, dtype=torch.float32, device=x.device)
-        total = torch.zeros((), dtype=torch.float32, device=x.device)
+        acc = torch.promote_types(x.dtype, torch.float32)  # softmax in fp32 (fp64 stays fp64)
+        lse = torch.empty(n, dtype=acc, device=x.device)
+        total = torch.zeros((), dtype=acc, device=x.device)
         for s in range(0, n, chunk):
-            logits = (x[s:s + chunk] @ weight.t()).float()
+            logits = (x[s:s + chunk] @ weight.t()).to(acc)
             lse[s:s + chunk] = torch.logsumexp(logits, dim=-1)
             tgt = logits.gather(1, targets[s:s + chunk, None]).squeeze(1)
             total += (lse[s:s + chunk] - tgt).sum()
@@ -41,18 +42,19 @@ class _ChunkedLinearCE(torch.autograd.Function):
         x, weight, targets, lse = ctx.saved_tensors
         n, chunk = x.shape[0], ctx.chunk
         grad_x = torch.empty_like(x) if ctx.needs_input_grad[0] else None
-        grad_w = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) \
+        acc = lse.dtype
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) \
             if ctx.needs_input_grad[1] else None
-        scale = grad_out.float() / n
+        scale = grad_out.to(acc) / n
         for s in range(0, n, chunk):
             xc = x[s:s + chunk]
-            probs = torch.exp((xc @ weight.t()).float() - lse[s:s + chunk, None])
+            probs = torch.exp((xc @ weight.t()).to(acc) - lse[s:s + chunk, None])
             probs[torch.arange(xc.shape[0], device=x.device), targets[s:s + chunk]] -= 1.0
             g = (probs * scale).to(x.dtype)
             if grad_x is not None:
                 grad_x[s:s + chunk] = g @ weight
             if grad_w is not None:
-                grad_w += (g.t() @ xc).float()
+                grad_w += (g.t() @ xc).to(acc)
         return grad_x, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None
 
 

@@ -1,0 +1,153 @@
+"""`loopscale` command line: one call = one job of the pipeline.
+
+  loopscale config        resolve a preset + config file + overrides into one config file
+  loopscale prepare-data  fetch/read the corpus, fit the tokenizer, write uint16 splits
+  loopscale train         train one run (resumes from its state.pt)
+  loopscale params        print the parameter count of a config
+
+Evaluation, diagnostics, reports and benchmarks register their own sub-commands through
+`add_cli(subparsers)` in their modules (see `_COMMAND_MODULES`).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+
+import yaml
+
+from .config import ConfigError, RunConfig, load_config, merge, parse_overrides, preset
+
+# modules that contribute sub-commands via add_cli(subparsers); missing ones are skipped
+_COMMAND_MODULES = ["loopscale.diagnostics", "loopscale.report", "loopscale.bench"]
+
+
+def add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", "-c", help="run config (YAML/JSON); may name a `preset:`")
+    p.add_argument("--preset", help="start from this preset (paper-44m, paper-129m, cpu, smoke)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a setting, e.g. --set model.readout=raw (repeatable)")
+
+
+def config_from_args(args) -> RunConfig:
+    if args.config:
+        cfg = load_config(args.config)
+        base = cfg.to_dict()
+        if args.preset:
+            base = merge(preset(args.preset).to_dict(), _without_defaults(base))
+    else:
+        base = (preset(args.preset) if args.preset else RunConfig()).to_dict()
+    if args.overrides:
+        base = merge(base, parse_overrides(args.overrides), "override")
+    return RunConfig.from_dict(base)
+
+
+def _without_defaults(d: dict) -> dict:
+    default = RunConfig().to_dict()
+
+    def diff(a, b):
+        out = {}
+        for k, v in a.items():
+            if isinstance(v, dict):
+                sub = diff(v, b.get(k, {}))
+                if sub:
+                    out[k] = sub
+            elif b.get(k) != v:
+                out[k] = v
+        return out
+    return diff(d, default)
+
+
+def cmd_config(args) -> int:
+    cfg = config_from_args(args)
+    text = yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+    if args.output:
+        from .io import atomic_write_text
+        atomic_write_text(args.output, text)
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+def cmd_prepare_data(args) -> int:
+    from . import data as D
+    cfg = config_from_args(args)
+    meta = D.prepare_data(cfg.data, args.out)
+    print(json.dumps({k: meta.get(k) for k in ("vocab_size", "tokens")}))
+    return 0
+
+
+def cmd_train(args) -> int:
+    from .train import train
+    cfg = config_from_args(args)
+    summary = train(cfg, args.data, args.out, resume=not args.no_resume, progress=not args.quiet)
+    print(json.dumps({k: summary[k] for k in ("status", "steps", "wall_time_s")}))
+    return 0
+
+
+def cmd_params(args) -> int:
+    from .model import count_params
+    cfg = config_from_args(args)
+    print(f"{count_params(cfg.model):,}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="loopscale", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("config", help="resolve a config and print or write it")
+    add_config_args(p)
+    p.add_argument("--output", "-o", help="write the resolved config here (atomic)")
+    p.set_defaults(func=cmd_config)
+
+    p = sub.add_parser("prepare-data", help="tokenise the corpus into uint16 splits")
+    add_config_args(p)
+    p.add_argument("--out", required=True, help="data directory to write")
+    p.set_defaults(func=cmd_prepare_data)
+
+    p = sub.add_parser("train", help="train one run")
+    add_config_args(p)
+    p.add_argument("--data", required=True, help="prepared data directory")
+    p.add_argument("--out", required=True, help="run directory")
+    p.add_argument("--no-resume", action="store_true", help="ignore an existing state.pt")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("params", help="print the parameter count")
+    add_config_args(p)
+    p.set_defaults(func=cmd_params)
+
+    for name in _COMMAND_MODULES:
+        try:
+            mod = importlib.import_module(name)
+        except ModuleNotFoundError as e:
+            if e.name != name:
+                raise
+            continue
+        mod.add_cli(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .data import DataError
+    from .io import CheckpointError
+    from .train import Preempted
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args) or 0
+    except (ConfigError, DataError, CheckpointError, FileNotFoundError) as e:
+        print(f"loopscale: error: {e}", file=sys.stderr)
+        return 2
+    except Preempted as e:
+        print(f"loopscale: {e}", file=sys.stderr)
+        return 143
+    except KeyboardInterrupt:
+        print("loopscale: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

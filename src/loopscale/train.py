@@ -1,0 +1,230 @@
+"""Training one run: AdamW at a constant learning rate, resumable, crash-safe.
+
+Files written into the run directory:
+  config.json     fully resolved config + provenance (package, git commit, torch, device)
+  metrics.jsonl   one JSON record every `log_every` steps (+ validation records)
+  state.pt        resumable state every `ckpt_every` steps and on SIGTERM
+                  (model, optimiser, RNG, step); removed once the run is finished
+  model.pt        final weights + config (+ status), what the evaluations read
+  summary.json    status (completed | diverged), steps, tokens, final validation, wall time
+
+The data order is a pure function of (seed, epoch), so a resumed run sees exactly the
+batches an uninterrupted one would, and with the RNG state restored it computes the same
+losses bit for bit on CPU.
+"""
+from __future__ import annotations
+
+import json
+import math
+import signal
+import threading
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from . import data as D
+from .config import RunConfig
+from .evaluate import exit_losses, resolve_device
+from .io import (CheckpointError, atomic_torch_save, atomic_write_json, atomic_write_text,
+                 load_checkpoint, run_environment)
+from .model import LoopedLM
+from .objective import compute_loss
+
+# settings that may change between a checkpoint and its resumption without changing results
+_RESUME_FREE = {"max_steps", "epochs", "log_every", "ckpt_every", "eval_every", "eval_tokens",
+                "device", "threads", "compile"}
+
+
+class Preempted(RuntimeError):
+    """SIGTERM arrived; the state was checkpointed and the run can be resumed."""
+
+
+def _autocast(device: torch.device, precision: str):
+    bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
+    return torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
+
+
+def _comparable(cfg: dict) -> dict:
+    d = json.loads(json.dumps(cfg))
+    d.pop("eval", None)
+    for k in _RESUME_FREE:
+        d.get("train", {}).pop(k, None)
+    return d
+
+
+class _SigtermFlag:
+    """Turns SIGTERM (SLURM preemption / time limit) into a flag checked between steps."""
+
+    def __init__(self):
+        self.raised = False
+        self._old = None
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._old = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        self.raised = True
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            signal.signal(signal.SIGTERM, self._old)
+
+
+def _metrics_upto(path: Path, step: int) -> None:
+    """Drop log records past `step` (written after the checkpoint a resume starts from)."""
+    if not path.exists():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            if json.loads(line).get("step", 0) <= step:
+                keep.append(line)
+        except json.JSONDecodeError:  # a line torn by a crash
+            continue
+    atomic_write_text(path, "".join(l + "\n" for l in keep))
+
+
+def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: bool = True,
+          progress: bool = True) -> dict:
+    """Train one run; returns the summary dict (also written to summary.json)."""
+    t0 = time.time()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tc, mc = cfg.train, cfg.model
+    if tc.threads > 0:
+        torch.set_num_threads(tc.threads)
+    device = resolve_device(tc.device)
+
+    meta = D.load_meta(data_dir)
+    if meta["vocab_size"] > mc.vocab_size:
+        raise D.DataError(f"data vocabulary ({meta['vocab_size']}) exceeds model.vocab_size ({mc.vocab_size}); "
+                          f"raise model.vocab_size or re-prepare the data")
+    train_tokens = D.load_split(data_dir, "train")
+    val_tokens = D.load_split(data_dir, "validation")
+    starts = D.train_window_starts(len(train_tokens), mc.seq_len, tc.stride)
+    steps_per_epoch = len(starts) // tc.batch_size
+    if steps_per_epoch == 0:
+        raise D.DataError(f"training split has {len(starts)} windows, fewer than one batch of "
+                          f"{tc.batch_size}; lower train.batch_size or use a larger corpus")
+    total_steps = tc.max_steps or max(1, math.ceil(tc.epochs * steps_per_epoch))
+
+    torch.manual_seed(tc.seed)
+    model = LoopedLM(mc).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay,
+                            fused=device.type == "cuda")
+    fwd = torch.compile(model) if tc.compile else model
+
+    state_path, metrics_path = out / "state.pt", out / "metrics.jsonl"
+    step, elapsed_before = 0, 0.0
+    if resume and state_path.exists():
+        ck = load_checkpoint(state_path, map_location=device)
+        if _comparable(ck["config"]) != _comparable(cfg.to_dict()):
+            raise CheckpointError(f"checkpoint {state_path} was written with a different config; "
+                                  f"delete the run directory {out} to start over")
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["optimizer"])
+        torch.set_rng_state(ck["rng_cpu"])
+        if device.type == "cuda" and ck.get("rng_cuda") is not None:
+            torch.cuda.set_rng_state(ck["rng_cuda"])
+        step, elapsed_before = ck["step"], ck.get("elapsed", 0.0)
+        _metrics_upto(metrics_path, step)
+    elif metrics_path.exists():
+        metrics_path.unlink()
+
+    env = run_environment(str(device))
+    atomic_write_json(out / "config.json", {"config": cfg.to_dict(), "env": env, "data": {
+        k: meta.get(k) for k in ("vocab_size", "tokens", "source_fingerprint", "tokenizer_fingerprint")}})
+
+    def state_dict(status="running"):
+        return {"model": model.state_dict(), "optimizer": opt.state_dict(), "config": cfg.to_dict(),
+                "step": step, "rng_cpu": torch.get_rng_state(),
+                "rng_cuda": torch.cuda.get_rng_state() if device.type == "cuda" else None,
+                "elapsed": elapsed_before + time.time() - t0, "status": status}
+
+    def validate() -> dict:
+        r = exit_losses(model, val_tokens, cfg.eval.batch_size, tc.eval_tokens, device=device)
+        return {"step": step, "split": "validation", "tokens": r["tokens"], "val_ce": r["ce"],
+                "val_norm": r["norm"]}
+
+    log = open(metrics_path, "a")
+    perm_epoch, perm = -1, None
+    nonfinite = torch.zeros((), dtype=torch.bool, device=device)
+    last_good: dict | None = None
+    status, diverged_at = "completed", None
+    bar = tqdm(total=total_steps, initial=step, disable=not progress, desc=out.name, mininterval=1.0,
+               dynamic_ncols=True)
+    t_log, tok_log = time.time(), 0
+    try:
+        with _SigtermFlag() as sigterm:
+            model.train()
+            while step < total_steps:
+                epoch, i = divmod(step, steps_per_epoch)
+                if epoch != perm_epoch:  # data order: a function of (seed, epoch) only
+                    perm = np.random.default_rng([tc.seed, epoch]).permutation(len(starts))
+                    perm_epoch = epoch
+                x, y = D.get_batch(train_tokens, starts[perm[i * tc.batch_size:(i + 1) * tc.batch_size]],
+                                   mc.seq_len)
+                x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+                is_log = (step + 1) % tc.log_every == 0 or step + 1 == total_steps
+                with _autocast(device, tc.precision):
+                    states = fwd(x)
+                    res = compute_loss(model, states, y, cfg.objective, all_exits=is_log)
+                opt.zero_grad(set_to_none=True)
+                res.total.backward()
+                gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+                nonfinite |= ~(torch.isfinite(res.total) & torch.isfinite(gnorm) & torch.isfinite(res.norms).all())
+                if bool(nonfinite):  # checked before the step so a diverged update never lands
+                    status, diverged_at = "diverged", step + 1
+                    break
+                opt.step()
+                step += 1
+                tok_log += y.numel()
+                bar.update(1)
+                if is_log:
+                    now = time.time()
+                    rec = {"step": step, "tokens": step * y.numel(), "loss": res.total.item(),
+                           "ce": res.ce.tolist(), "norm": res.norms.tolist(), "penalty": res.penalty.item(),
+                           "grad_norm": gnorm.item(), "lr": tc.lr,
+                           "tok_per_s": tok_log / max(now - t_log, 1e-9),
+                           "elapsed": elapsed_before + now - t0}
+                    t_log, tok_log = now, 0
+                    last_good = rec
+                    log.write(json.dumps(rec) + "\n")
+                    log.flush()
+                    bar.set_postfix(loss=f"{rec['loss']:.3f}", normK=f"{rec['norm'][-1]:.3g}")
+                if tc.eval_every and step % tc.eval_every == 0 and step < total_steps:
+                    log.write(json.dumps(validate()) + "\n")
+                    log.flush()
+                if step % tc.ckpt_every == 0 and step < total_steps:
+                    atomic_torch_save(state_path, state_dict())
+                if sigterm.raised:
+                    atomic_torch_save(state_path, state_dict())
+                    raise Preempted(f"SIGTERM at step {step}/{total_steps}: state saved to {state_path}; "
+                                    f"rerun the same command to resume")
+    finally:
+        bar.close()
+        log.close()
+
+    summary = {"status": status, "steps": step, "total_steps": total_steps,
+               "tokens": step * tc.batch_size * mc.seq_len, "params": model.num_params(),
+               "wall_time_s": elapsed_before + time.time() - t0, "device": str(device)}
+    if status == "diverged":
+        summary.update(diverged_at_step=diverged_at, last_finite=last_good)
+        val = None
+    else:
+        val = validate()
+        with open(metrics_path, "a") as f:
+            f.write(json.dumps(val) + "\n")
+        summary.update(final_train=last_good, validation=val)
+    # the final model: last finite weights (a diverged update is never applied)
+    atomic_torch_save(out / "model.pt", {"model": model.state_dict(), "config": cfg.to_dict(),
+                                         "step": step, "status": status})
+    atomic_write_json(out / "summary.json", summary)
+    state_path.unlink(missing_ok=True)
+    return summary
