@@ -1,0 +1,31 @@
+"""Reports: aggregate tables, figures and REPORT.md from run directories.
+
+Command line (registered in `loopscale.cli` through `add_cli`):
+
+  loopscale report tables  --runs RUN_DIR [RUN_DIR ...] --out results/<exp>
+      writes <out>/{main,depth,norms,radial,lemma,clamp,halting,runs,claims}.{csv,md}
+      and <out>/norm_loops.csv
+  loopscale report figures --runs RUN_DIR [RUN_DIR ...] --out results/<exp>/figures
+      writes <out>/{norm_per_loop,norm_training,ppl_depth,frontier,radial_vs_norm,
+      norm_histogram,lemma}.png (every file is always written; a panel without data says so)
+  loopscale report write   --runs RUN_DIR [RUN_DIR ...] --results results/<exp>
+                           [--figures results/<exp>/figures] [--params params.yaml]
+                           [--experiment <exp>] --out results/<exp>/REPORT.md
+      writes the one report file; it recomputes everything from the runs and links the
+      CSVs in --results and the PNGs in --figures by paths relative to --out
+
+A RUN_DIR is a directory holding config.json / config.yaml / summary.json / metrics.jsonl;
+any other directory given is searched recursively for such run directories, so
+`--runs runs/<exp>` works too. The order of the runs given does not matter. Every output
+is written atomically and is a pure function of the inputs (no timestamps), so the same
+runs give the same bytes.
+
+Modules: runs (reading a run directory), aggregate (tables), figures, claims (the paper's
+claims with verdict rules and thresholds), paper (the paper's numbers), write (REPORT.md).
+"""
+
+
+def add_cli(subparsers) -> None:
+    """Add the `report` command with its sub-commands to the `loopscale` parser."""
+    from .cli import add_cli as _add
+    _add(subparsers)

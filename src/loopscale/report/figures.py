@@ -1,0 +1,365 @@
+"""Figures (matplotlib, Agg backend, PNG), one file per figure, one panel per model size.
+
+Every figure uses the same colour per condition (`colour(cond)`) and the same line style
+per loss (solid: per-loop CE, dashed: terminal CE), so conditions can be followed across
+figures. Only completed runs are drawn; seed means are lines, single seeds faint points.
+"""
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Callable, Optional
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
+
+from .aggregate import (Group, depth_curve, exits, final_exit, group_runs, lemma_loops, norm_histogram, norm_loops,
+                        radial_loops, stats, throughput_curve, training_norms)
+from .runs import CANONICAL_ORDER, Condition, Run, finite, _LOSS_ORDER, _READOUT_ORDER, _REC_ORDER, _REG_ORDER
+
+# ---------------------------------------------------------------------------
+# style
+# ---------------------------------------------------------------------------
+_TAB10 = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+          "#17becf"]
+# fixed colours of the main conditions (independent of which runs are present)
+_FIXED = {
+    ("rmsnorm", "per_loop", "none", "residual"): "#d62728",  # the drifting model: red
+    ("raw", "per_loop", "none", "residual"): "#1f77b4",
+    ("final_norm", "per_loop", "none", "residual"): "#2ca02c",
+    ("rmsnorm", "per_loop", "norm_penalty", "residual"): "#9467bd",
+    ("layernorm", "per_loop", "none", "residual"): "#ff7f0e",
+    ("rmsnorm", "per_loop", "none", "inter_loop_norm"): "#17becf",
+    ("rmsnorm", "terminal", "none", "residual"): "#8c564b",
+    ("raw", "terminal", "none", "residual"): "#7f7f7f",
+    ("rmsnorm", "terminal", "norm_penalty", "residual"): "#e377c2",
+    ("layernorm", "terminal", "none", "residual"): "#bcbd22",
+}
+_EXTRA = ["#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354", "#756bb1",
+          "#636363", "#6baed6", "#fd8d3c", "#74c476", "#9e9ac8", "#969696", "#9c9ede", "#cedb9c", "#e7ba52",
+          "#e7969c", "#de9ed6", "#17becf", "#bcbd22"]
+_ALL_BASES = [(rd, ls, rg, rc) for ls in _LOSS_ORDER for rd in _READOUT_ORDER for rg in _REG_ORDER for rc in _REC_ORDER]
+
+
+def colour(cond: Condition) -> str:
+    if cond.base in _FIXED and (cond.regularizer != "norm_penalty" or cond.penalty_weight == 0.01):
+        return _FIXED[cond.base]
+    others = [b for b in _ALL_BASES if b not in _FIXED]
+    i = others.index(cond.base) if cond.base in others else len(others)
+    i += int(round(cond.penalty_weight * 1000)) if cond.regularizer == "norm_penalty" else 0
+    return _EXTRA[i % len(_EXTRA)]
+
+
+def linestyle(cond: Condition) -> str:
+    return "--" if cond.loss == "terminal" else "-"
+
+
+def marker(cond: Condition) -> str:
+    return {"rmsnorm": "o", "raw": "s", "final_norm": "^", "layernorm": "D"}.get(cond.readout, "x")
+
+
+plt.rcParams.update({"font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "legend.fontsize": 8,
+                     "figure.dpi": 100, "savefig.dpi": 130, "axes.grid": True, "grid.alpha": 0.3,
+                     "svg.hashsalt": "loopscale", "path.simplify": False})
+
+
+# ---------------------------------------------------------------------------
+# plumbing
+# ---------------------------------------------------------------------------
+def _panels(groups: list[Group], width: float = 5.6, height: float = 4.2):
+    sizes = []
+    for g in groups:
+        if g.size not in sizes:
+            sizes.append(g.size)
+    n = max(1, len(sizes))
+    fig, axes = plt.subplots(1, n, figsize=(width * n + (2.8 if n else 0), height), squeeze=False)
+    return fig, list(axes[0]), sizes
+
+
+def _legend(fig, groups: list[Group], extra: Optional[list] = None) -> None:
+    seen, handles = set(), []
+    for g in groups:
+        if g.cond in seen:
+            continue
+        seen.add(g.cond)
+        lab = g.cond.label + ("" if g.used else " (no completed run)")
+        handles.append(Line2D([], [], color=colour(g.cond), ls=linestyle(g.cond), marker=marker(g.cond), label=lab))
+    handles += extra or []
+    if handles:
+        fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+
+
+def _save(fig, path: Path) -> Path:
+    """Atomic PNG write (temp file in the same directory, then os.replace); no timestamps."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png", bbox_inches="tight", metadata={"Software": None})
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    finally:
+        plt.close(fig)
+    return path
+
+
+def _empty(ax, what: str) -> None:
+    ax.text(0.5, 0.5, f"no data\n({what})", ha="center", va="center", transform=ax.transAxes, color="0.4")
+
+
+def _k_mean(g: Group, getter: Callable[[Run], Optional[list]], key: str) -> tuple[list, list, list]:
+    """k, seed mean, per-seed points [(k, v)] of rows [{k, key}] from the completed runs."""
+    per: dict = {}
+    for r in g.used:
+        for row in getter(r) or []:
+            v = row.get(key)
+            if row.get("k") is not None and finite(v):
+                per.setdefault(int(row["k"]), []).append(v)
+    ks = sorted(per)
+    return ks, [stats(per[k])[0] for k in ks], [(k, v) for k in ks for v in per[k]]
+
+
+def _positive(v) -> bool:
+    return finite(v) and v > 0
+
+
+def _set_log(ax, axis: str, values) -> None:
+    """Log scale when the positive values span more than one decade."""
+    v = [x for x in values if _positive(x)]
+    if v and max(v) / min(v) > 10:
+        (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
+
+
+# ---------------------------------------------------------------------------
+# figures
+# ---------------------------------------------------------------------------
+def fig_norm_per_loop(groups: list[Group], path: Path) -> Path:
+    fig, axes, sizes = _panels(groups)
+    for ax, size in zip(axes, sizes):
+        vals = []
+        for g in (g for g in groups if g.size == size):
+            ks, m, pts = _k_mean(g, norm_loops, "norm")
+            if ks:
+                ax.plot(ks, m, color=colour(g.cond), ls=linestyle(g.cond), marker=marker(g.cond), lw=1.8)
+                ax.scatter([p[0] for p in pts], [p[1] for p in pts], color=colour(g.cond), s=10, alpha=0.35)
+                vals += m
+        if vals:
+            ax.set_yscale("log")
+            ax.set_xticks(range(1, size.n_loops + 1))
+        else:
+            _empty(ax, "norms")
+        ax.set_title(f"‖H_k‖ per loop — {size.label}")
+        ax.set_xlabel("loop k")
+        ax.set_ylabel("mean per-token ‖H_k‖ (L2, log scale)")
+    _legend(fig, groups)
+    return _save(fig, path)
+
+
+def fig_norm_training(groups: list[Group], path: Path) -> Path:
+    fig, axes, sizes = _panels(groups)
+    for ax, size in zip(axes, sizes):
+        any_ = False
+        for g in (g for g in groups if g.size == size):
+            for i, r in enumerate(g.runs):  # diverged runs are drawn too: their curve is informative
+                tr = [(s, v) for s, v in training_norms(r) if _positive(v)]
+                if not tr:
+                    continue
+                any_ = True
+                ax.plot([t[0] for t in tr], [t[1] for t in tr], color=colour(g.cond), ls=linestyle(g.cond), lw=1.3,
+                        alpha=0.9 if r.completed else 0.5)
+                if not r.completed:
+                    ax.plot([tr[-1][0]], [tr[-1][1]], marker="x", color=colour(g.cond), ms=8, mew=2)
+        if any_:
+            ax.set_yscale("log")
+        else:
+            _empty(ax, "metrics.jsonl")
+        ax.set_title(f"‖H_K‖ during training — {size.label}")
+        ax.set_xlabel("training step")
+        ax.set_ylabel("‖H_K‖ on the training batch (log scale)")
+    _legend(fig, groups, [Line2D([], [], color="0.3", marker="x", ls="", label="run diverged / failed here")])
+    return _save(fig, path)
+
+
+def fig_ppl_depth(groups: list[Group], path: Path) -> Path:
+    fig, axes, sizes = _panels(groups)
+    for ax, size in zip(axes, sizes):
+        vals = []
+        for g in (g for g in groups if g.size == size):
+            ks, m, _ = _k_mean(g, depth_curve, "ppl")
+            if ks:
+                ax.plot(ks, m, color=colour(g.cond), ls=linestyle(g.cond), marker=marker(g.cond), ms=4, lw=1.6)
+                vals += m
+            ke, me, _ = _k_mean(g, lambda r: exits(r)[0], "ppl")
+            if ke and g.cond.readout == "final_norm":  # its exits k<K use another readout
+                ax.plot(ke, me, color=colour(g.cond), ls=":", marker=marker(g.cond), ms=4, mfc="none", lw=1.2)
+                vals += me
+            elif ke and not ks:
+                ax.plot(ke, me, color=colour(g.cond), ls=linestyle(g.cond), marker=marker(g.cond), ms=4, lw=1.6)
+                vals += me
+        if vals:
+            ax.axvline(size.n_loops, color="0.2", ls=":", lw=1.2)
+            ax.annotate(f"K_train = {size.n_loops}", (size.n_loops, 1.0), xycoords=("data", "axes fraction"),
+                        xytext=(4, -12), textcoords="offset points", fontsize=8, color="0.2")
+            _set_log(ax, "y", vals)
+        else:
+            _empty(ax, "depth")
+        ax.set_title(f"Validation PPL vs depth — {size.label}")
+        ax.set_xlabel("loops k (final readout; k > K_train extrapolated)")
+        ax.set_ylabel("validation perplexity")
+    _legend(fig, groups, [Line2D([], [], color="0.3", ls=":", marker="^", mfc="none",
+                                 label="final-only norm: exits k<K (raw readout)")])
+    return _save(fig, path)
+
+
+def fig_frontier(groups: list[Group], path: Path) -> Path:
+    fig, axes, sizes = _panels(groups)
+    for ax, size in zip(axes, sizes):
+        xs, ys = [], []
+        for g in (g for g in groups if g.size == size):
+            kp, mp, _ = _k_mean(g, depth_curve, "ppl")
+            kt, mt, _ = _k_mean(g, throughput_curve, "tokens_per_s")
+            tp = dict(zip(kt, mt))
+            pts = [(tp[k], p, k) for k, p in zip(kp, mp) if k in tp]
+            if not pts:
+                continue
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colour(g.cond), ls=linestyle(g.cond),
+                    marker=marker(g.cond), ms=4, lw=1.4)
+            for x, y, k in pts:
+                if k == size.n_loops:
+                    ax.plot([x], [y], marker="*", color=colour(g.cond), ms=13, mec="k", mew=0.6)
+            xs += [p[0] for p in pts]
+            ys += [p[1] for p in pts]
+        if xs:
+            _set_log(ax, "x", xs)
+            _set_log(ax, "y", ys)
+        else:
+            _empty(ax, "depth + throughput")
+        ax.set_title(f"Compute–quality frontier — {size.label}")
+        ax.set_xlabel("evaluation throughput (tokens/s; more loops → left)")
+        ax.set_ylabel("validation perplexity (final readout)")
+    _legend(fig, groups, [Line2D([], [], color="0.3", marker="*", ms=11, ls="", mec="k", label="k = K_train")])
+    return _save(fig, path)
+
+
+def fig_radial_vs_norm(groups: list[Group], path: Path) -> Path:
+    fig, axes, sizes = _panels(groups)
+    floor = 1e-12
+    for ax, size in zip(axes, sizes):
+        any_ = False
+        for g in (g for g in groups if g.size == size):
+            xs, ys = [], []
+            for r in g.used:
+                rad = radial_loops(r) or []
+                last = max(rad, key=lambda x: x.get("k", 0)) if rad else None
+                nk = final_exit(r)["norm"]
+                if last is None or not _positive(nk) or not finite(last.get("radial_fraction")):
+                    continue
+                xs.append(nk)
+                ys.append(max(last["radial_fraction"], floor))
+            if xs:
+                any_ = True
+                ax.scatter(xs, ys, color=colour(g.cond), marker=marker(g.cond), s=45, edgecolors="k",
+                           linewidths=0.5, zorder=3)
+        if any_:
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.axhline(1e-6, color="0.3", ls=":", lw=1)
+            ax.annotate("1e-6: claim (d) bound", (1.0, 1e-6), xycoords=("axes fraction", "data"), xytext=(-4, 3),
+                        textcoords="offset points", ha="right", fontsize=8, color="0.3")
+        else:
+            _empty(ax, "radial")
+        ax.set_title(f"Radial gradient fraction vs ‖H_K‖ — {size.label}")
+        ax.set_xlabel("‖H_K‖ (mean per-token L2, log scale)")
+        ax.set_ylabel(f"radial fraction cos²(∂CE_K/∂H_K, H_K) at exit K\n(log scale, floored at {floor:.0e})")
+    _legend(fig, groups, [Line2D([], [], color="0.3", ls="", marker="o", label="one point per seed")])
+    return _save(fig, path)
+
+
+def fig_norm_histogram(groups: list[Group], path: Path) -> Path:
+    fig, axes, sizes = _panels(groups)
+    for ax, size in zip(axes, sizes):
+        lo, hi = math.inf, 0.0
+        for g in (g for g in groups if g.size == size):
+            for i, r in enumerate(g.used):
+                h = norm_histogram(r)
+                if not h:
+                    continue
+                edges, counts = h["edges"], h["counts"]
+                total = sum(counts) or 1
+                ax.stairs([c / total for c in counts], edges, color=colour(g.cond), lw=1.4,
+                          ls=linestyle(g.cond), alpha=0.9 if i == 0 else 0.45)
+                lo, hi = min(lo, edges[0]), max(hi, edges[-1])
+        if hi > 0:
+            if lo > 0:
+                ax.set_xscale("log")
+        else:
+            _empty(ax, "norms histogram")
+        ax.set_title(f"Per-token ‖H_K‖ distribution — {size.label}")
+        ax.set_xlabel("per-token ‖H_K‖ (L2 over channels, log scale)")
+        ax.set_ylabel("fraction of validation tokens per bin")
+    _legend(fig, groups, [Line2D([], [], color="0.3", label="one line per seed (log-spaced bins)")])
+    return _save(fig, path)
+
+
+def fig_lemma(groups: list[Group], path: Path) -> Path:
+    sizes = []
+    for g in groups:
+        if g.size not in sizes:
+            sizes.append(g.size)
+    n = max(1, len(sizes))
+    fig, axes = plt.subplots(n, 3, figsize=(16.5, 4.2 * n), squeeze=False)
+    for row, size in zip(axes, sizes or [None]):
+        ax_s, ax_u, ax_p = row
+        any_ = False
+        for g in (g for g in groups if g.size == size):
+            for ax, key in ((ax_s, "scale"), (ax_u, "angular_update"), (ax_p, "angular_times_scale")):
+                ks, m, _ = _k_mean(g, lemma_loops, key)
+                if ks:
+                    any_ = True
+                    ax.plot(ks, m, color=colour(g.cond), ls=linestyle(g.cond), marker=marker(g.cond), ms=3, lw=1.5)
+        lab = size.label if size else ""
+        for ax in (ax_s, ax_u, ax_p):
+            if not any_:
+                _empty(ax, "lemma")
+                continue
+            ax.set_yscale("log")
+            if size is not None:
+                ax.axvline(size.n_loops, color="0.2", ls=":", lw=1)
+        ax_s.set_title(f"Scale s_k = ‖H_k‖ — {lab}")
+        ax_s.set_ylabel("mean per-token s_k (log scale)")
+        ax_u.set_title(f"Angular update ‖u_(k+1) − u_k‖ — {lab}")
+        ax_u.set_ylabel("mean ‖u_(k+1) − u_k‖ (log scale)")
+        ax_p.set_title(f"Angular update × scale (flat = Lemma 2) — {lab}")
+        ax_p.set_ylabel("mean ‖u_(k+1) − u_k‖ · s_k (log scale)")
+        for ax in (ax_s, ax_u, ax_p):
+            ax.set_xlabel("loop k (dotted: K_train)")
+    _legend(fig, groups)
+    return _save(fig, path)
+
+
+FIGURES = {
+    "norm_per_loop": (fig_norm_per_loop, "‖H_k‖ vs loop k per condition"),
+    "norm_training": (fig_norm_training, "‖H_K‖ over training steps"),
+    "ppl_depth": (fig_ppl_depth, "Validation PPL vs depth (exits and extrapolated depth; K_train marked)"),
+    "frontier": (fig_frontier, "Compute-quality frontier: PPL vs tokens/s"),
+    "radial_vs_norm": (fig_radial_vs_norm, "Radial gradient fraction vs ‖H_K‖"),
+    "norm_histogram": (fig_norm_histogram, "Per-token ‖H_K‖ distribution"),
+    "lemma": (fig_lemma, "Lemma-2 check: scale, angular update and their product vs loop"),
+}
+
+
+def write_figures(runs: list[Run], out_dir: Path) -> list[Path]:
+    """Every figure as `<out_dir>/<name>.png` (written even without data: an empty panel says so)."""
+    groups = group_runs(runs)
+    return [fn(groups, Path(out_dir) / f"{name}.png") for name, (fn, _) in FIGURES.items()]

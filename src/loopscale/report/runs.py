@@ -1,0 +1,292 @@
+"""Reading run directories: config, status, validation, training log and diagnostics.
+
+Nothing here trusts the directory layout: the condition, size and seed come from the run's
+own `config.json` (or `config.yaml` when a run crashed before writing it). A missing or
+broken file never raises; it turns into a status ("failed", "missing") or an empty value.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import yaml
+
+DIAGNOSTICS = ("depth", "throughput", "norms", "radial", "lemma", "clamp", "halting")
+
+# -- conditions -------------------------------------------------------------------------
+_READOUT_LABEL = {"rmsnorm": "RMSNorm readout", "layernorm": "LayerNorm readout", "raw": "raw readout",
+                  "final_norm": "final-only norm"}
+_LOSS_LABEL = {"per_loop": "per-loop CE", "terminal": "terminal CE"}
+_READOUT_ORDER = ("rmsnorm", "raw", "final_norm", "layernorm")
+_LOSS_ORDER = ("terminal", "per_loop")
+_REG_ORDER = ("none", "norm_penalty")
+_REC_ORDER = ("residual", "inter_loop_norm")
+DEFAULT_PENALTY = 0.01
+
+# the paper's seven Table-1 conditions first, in the paper's order, then loopscale's additions
+CANONICAL_ORDER = (
+    ("rmsnorm", "terminal", "none", "residual"),
+    ("raw", "terminal", "none", "residual"),
+    ("rmsnorm", "per_loop", "none", "residual"),
+    ("raw", "per_loop", "none", "residual"),
+    ("final_norm", "per_loop", "none", "residual"),
+    ("rmsnorm", "terminal", "norm_penalty", "residual"),
+    ("rmsnorm", "per_loop", "norm_penalty", "residual"),
+    ("layernorm", "per_loop", "none", "residual"),
+    ("rmsnorm", "per_loop", "none", "inter_loop_norm"),
+    ("layernorm", "terminal", "none", "residual"),
+)
+
+
+@dataclass(frozen=True, order=True)
+class Condition:
+    """One training condition: readout × loss × regulariser × recurrence (+ λ of the penalty)."""
+    readout: str
+    loss: str
+    regularizer: str = "none"
+    recurrence: str = "residual"
+    penalty_weight: float = 0.0  # 0 unless regularizer == norm_penalty
+
+    @property
+    def base(self) -> tuple:
+        return (self.readout, self.loss, self.regularizer, self.recurrence)
+
+    @property
+    def slug(self) -> str:
+        s = "-".join(self.base)
+        if self.regularizer == "norm_penalty" and self.penalty_weight != DEFAULT_PENALTY:
+            s += f"-lambda{self.penalty_weight:g}"
+        return s
+
+    @property
+    def label(self) -> str:
+        """The paper's wording: 'per-loop CE + RMSNorm readout', '... + norm penalty', ..."""
+        parts = [_LOSS_LABEL.get(self.loss, self.loss), _READOUT_LABEL.get(self.readout, self.readout)]
+        if self.regularizer == "norm_penalty":
+            lam = "" if self.penalty_weight == DEFAULT_PENALTY else f" (λ={self.penalty_weight:g})"
+            parts.append("norm penalty" + lam)
+        elif self.regularizer != "none":
+            parts.append(self.regularizer)
+        if self.recurrence == "inter_loop_norm":
+            parts.append("inter-loop norm")
+        elif self.recurrence != "residual":
+            parts.append(self.recurrence)
+        return " + ".join(parts)
+
+    @property
+    def scale_invariant_readout(self) -> bool:
+        """Every exit of the readout is scale-invariant (r(αH) = r(H))."""
+        return self.readout in ("rmsnorm", "layernorm")
+
+    def sort_key(self) -> tuple:
+        if self.base in CANONICAL_ORDER:
+            return (0, CANONICAL_ORDER.index(self.base), self.penalty_weight)
+        return (1, _idx(_LOSS_ORDER, self.loss), _idx(_READOUT_ORDER, self.readout),
+                _idx(_REG_ORDER, self.regularizer), _idx(_REC_ORDER, self.recurrence), self.penalty_weight,
+                self.base)
+
+
+def _idx(seq, v) -> int:
+    return seq.index(v) if v in seq else len(seq)
+
+
+def condition(readout: str, loss: str, regularizer: str = "none", recurrence: str = "residual",
+              penalty_weight: float = DEFAULT_PENALTY) -> Condition:
+    return Condition(readout, loss, regularizer, recurrence,
+                     float(penalty_weight) if regularizer == "norm_penalty" else 0.0)
+
+
+# -- sizes ------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Size:
+    """A model size: the architecture dims shared by all conditions (the readout/recurrence
+    choice adds or removes a few norm gains, which must not split a size)."""
+    d_model: int
+    n_layers: int
+    n_loops: int
+    n_heads: int = 0
+    d_ff: int = 0
+    vocab_size: int = 0
+    seq_len: int = 0
+
+    @property
+    def params(self) -> int:
+        """Parameter count of this size with the RMSNorm readout and residual recurrence."""
+        return _params_of(self)
+
+    @property
+    def label(self) -> str:
+        p = self.params
+        head = f"{_fmt_params(p)} " if p else ""
+        return f"{head}(d{self.d_model}, {self.n_layers}L, K={self.n_loops})"
+
+    def sort_key(self) -> tuple:
+        return (self.params, self.d_model, self.n_layers, self.n_loops, self.n_heads, self.d_ff, self.vocab_size,
+                self.seq_len)
+
+
+_PARAMS_CACHE: dict = {}
+
+
+def _params_of(size: "Size") -> int:
+    if size not in _PARAMS_CACHE:
+        try:
+            from ..config import ModelConfig
+            from ..model import count_params
+            _PARAMS_CACHE[size] = count_params(ModelConfig(
+                vocab_size=size.vocab_size, d_model=size.d_model, n_layers=size.n_layers, n_heads=size.n_heads,
+                d_ff=size.d_ff, seq_len=size.seq_len, n_loops=size.n_loops))
+        except Exception:
+            _PARAMS_CACHE[size] = 0
+    return _PARAMS_CACHE[size]
+
+
+def _fmt_params(n: int) -> str:
+    if n >= 1e9:
+        return f"{n / 1e9:.1f}B"
+    if n >= 9.5e6:
+        return f"{n / 1e6:.0f}M"
+    if n >= 1e6:
+        return f"{n / 1e6:.1f}M"
+    return f"{n / 1e3:.0f}k"
+
+
+# -- one run ----------------------------------------------------------------------------
+@dataclass
+class Run:
+    path: Path
+    config: dict  # the resolved RunConfig dict ({} if unreadable)
+    env: dict
+    data: dict
+    summary: dict  # {} if missing
+    status: str  # completed | diverged | failed
+    note: str  # human-readable status: "completed", "diverged at step 412", "failed: ..."
+    metrics: list = field(default_factory=list)  # training log records
+    validation_log: list = field(default_factory=list)  # in-training validation records
+    evals: dict = field(default_factory=dict)  # diag name -> payload (only files that parsed)
+
+    # convenience accessors ---------------------------------------------------------------
+    def cfg(self, section: str, key: str, default=None):
+        return (self.config.get(section) or {}).get(key, default)
+
+    @property
+    def condition(self) -> Condition:
+        return condition(self.cfg("model", "readout", "?"), self.cfg("objective", "loss", "?"),
+                         self.cfg("objective", "regularizer", "none"), self.cfg("model", "recurrence", "residual"),
+                         self.cfg("objective", "penalty_weight", DEFAULT_PENALTY))
+
+    @property
+    def seed(self) -> Optional[int]:
+        return self.cfg("train", "seed")
+
+    @property
+    def size(self) -> Size:
+        m = self.config.get("model") or {}
+
+        def i(key):
+            v = m.get(key)
+            return int(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else 0
+        return Size(i("d_model"), i("n_layers"), i("n_loops"), i("n_heads"), i("d_ff"), i("vocab_size"),
+                    i("seq_len"))
+
+    @property
+    def completed(self) -> bool:
+        return self.status == "completed"
+
+    def diag(self, name: str) -> Optional[dict]:
+        """The payload of eval/<name>.json if it exists, parsed and has status ok."""
+        d = self.evals.get(name)
+        if not isinstance(d, dict) or d.get("status", "ok") != "ok":
+            return None
+        return d
+
+    def diag_status(self, name: str) -> str:
+        d = self.evals.get(name)
+        if d is None:
+            return "missing"
+        return str(d.get("status", "ok")) if isinstance(d, dict) else "unreadable"
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _read_jsonl(path: Path) -> list:
+    out = []
+    try:
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    out.append(json.loads(line))
+                except ValueError:  # a line torn by a crash
+                    continue
+    except OSError:
+        pass
+    return out
+
+
+def load_run(path: str | os.PathLike) -> Run:
+    """Read one run directory; never raises for missing or broken files."""
+    path = Path(path)
+    cj = _read_json(path / "config.json")
+    config, env, data = {}, {}, {}
+    if isinstance(cj, dict) and isinstance(cj.get("config"), dict):
+        config, env, data = cj["config"], cj.get("env") or {}, cj.get("data") or {}
+    else:
+        try:
+            with open(path / "config.yaml") as f:
+                y = yaml.safe_load(f)
+            if isinstance(y, dict):
+                config = y.get("config", y) if isinstance(y.get("config"), dict) else y
+        except (OSError, yaml.YAMLError):
+            pass
+    summary = _read_json(path / "summary.json")
+    summary = summary if isinstance(summary, dict) else {}
+    status = summary.get("status")
+    if not summary:
+        status, note = "failed", "failed: no summary.json"
+    elif status == "completed":
+        note = "completed"
+    elif status == "diverged":
+        at = summary.get("diverged_at_step")
+        note = f"diverged at step {at}" if at is not None else "diverged"
+    else:
+        status = "failed"
+        err = summary.get("error")
+        note = f"failed: {str(err).splitlines()[0][:120]}" if err else "failed"
+    if not config:
+        note += " (no readable config)"
+    records = _read_jsonl(path / "metrics.jsonl")
+    metrics = [r for r in records if isinstance(r, dict) and r.get("split") is None and "norm" in r]
+    val_log = [r for r in records if isinstance(r, dict) and r.get("split") == "validation"]
+    evals = {}
+    for name in DIAGNOSTICS:
+        p = path / "eval" / f"{name}.json"
+        if p.exists():
+            d = _read_json(p)
+            evals[name] = d if isinstance(d, dict) else {"status": "unreadable"}
+    return Run(path=path, config=config, env=env, data=data, summary=summary, status=status, note=note,
+               metrics=metrics, validation_log=val_log, evals=evals)
+
+
+def load_runs(paths) -> list[Run]:
+    """Load run directories, sorted by size, condition and seed (order of `paths` is irrelevant)."""
+    runs = [load_run(p) for p in paths]
+    runs.sort(key=lambda r: (r.size.sort_key(), r.condition.sort_key(), r.seed if r.seed is not None else -1,
+                             str(r.path)))
+    return runs
+
+
+def finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

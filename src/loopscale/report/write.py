@@ -1,0 +1,215 @@
+"""REPORT.md: what was run, how it differs from the paper, the claims with verdicts, the
+tables and the figures. Deterministic: the same runs give the same bytes (no clock).
+"""
+from __future__ import annotations
+
+import math
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Optional
+
+import pandas as pd
+import yaml
+
+from . import claims as C
+from .aggregate import Table, build_tables, group_runs, table_markdown
+from .figures import FIGURES
+from .fmt import md_table, num
+from .runs import Run, finite
+
+
+def load_params(path: Optional[str | os.PathLike], experiment: Optional[str]) -> dict:
+    """The experiment's section of params.yaml ({} when absent or unreadable)."""
+    if not path:
+        return {}
+    try:
+        with open(path) as f:
+            d = yaml.safe_load(f) or {}
+    except (OSError, yaml.YAMLError):
+        return {}
+    exps = d.get("experiments") if isinstance(d, dict) else None
+    if isinstance(exps, dict) and experiment in exps and isinstance(exps[experiment], dict):
+        return exps[experiment]
+    return {}
+
+
+def _uniq(values) -> str:
+    vals = [str(v) for v in values if v not in (None, "")]
+    if not vals:
+        return "—"
+    c = Counter(vals)
+    if len(c) == 1:
+        return vals[0]
+    return ", ".join(f"{v} ({n} runs)" for v, n in sorted(c.items()))
+
+
+def _duration(s: float) -> str:
+    if not finite(s):
+        return "—"
+    h, rem = divmod(int(round(s)), 3600)
+    m, sec = divmod(rem, 60)
+    return f"{h} h {m:02d} min {sec:02d} s" if h else f"{m} min {sec:02d} s"
+
+
+def _infer_preset(run: Run) -> Optional[str]:
+    from ..config import MODEL_PRESETS
+    m = run.config.get("model") or {}
+    for name, p in MODEL_PRESETS.items():
+        pm = p.get("model", {})
+        if pm and all(m.get(k) == v for k, v in pm.items()):
+            return name
+    return None
+
+
+def what_was_run(runs: list[Run], experiment: str, params: dict) -> str:
+    rows = [["Experiment", experiment or "—"]]
+    if params.get("description"):
+        rows.append(["Description", str(params["description"])])
+    sizes = params.get("sizes") if isinstance(params.get("sizes"), dict) else {}
+    presets = {str(k): (v or {}).get("preset") for k, v in sizes.items() if isinstance(v, dict)}
+    inferred = sorted({p for p in (_infer_preset(r) for r in runs) if p})
+    if presets:
+        rows.append(["Sizes (params.yaml → preset)", ", ".join(f"{k} → {v}" for k, v in presets.items())])
+    rows.append(["Model presets (matched from the run configs)", ", ".join(inferred) or "none matches exactly"])
+    by_size: dict = {}
+    for r in runs:
+        by_size.setdefault(r.size, r)
+    for size, r in by_size.items():
+        m = r.config.get("model") or {}
+        rows.append([f"Model {size.label}",
+                     f"{size.params:,} parameters; d={m.get('d_model')}, {m.get('n_layers')} layers, "
+                     f"{m.get('n_heads')} heads, SwiGLU {m.get('d_ff')}, seq {m.get('seq_len')}, K={m.get('n_loops')}, "
+                     f"vocab {m.get('vocab_size')}, dropout {m.get('dropout')}, init {m.get('init')}"])
+    groups = group_runs(runs)
+    rows.append(["Conditions", f"{len({g.cond for g in groups})}: " + "; ".join(
+        dict.fromkeys(g.cond.label for g in groups))])
+    seeds = sorted({r.seed for r in runs if r.seed is not None})
+    rows.append(["Seeds", ", ".join(map(str, seeds)) + (f" (params.yaml: {params['seeds']})" if params.get("seeds")
+                                                        else "")])
+    st = Counter(r.status for r in runs)
+    rows.append(["Runs", f"{len(runs)} ({', '.join(f'{n} {s}' for s, n in sorted(st.items()))})"])
+    d = [r.config.get("data") or {} for r in runs]
+    rows.append(["Data", _uniq(f"{x.get('source')} ({x.get('tokenizer')} tokenizer, vocab {x.get('vocab_size')})"
+                               for x in d)])
+    toks = [r.data.get("tokens") for r in runs if isinstance(r.data.get("tokens"), dict)]
+    if toks:
+        rows.append(["Corpus tokens", _uniq(", ".join(f"{k} {v:,}" for k, v in t.items() if isinstance(v, int))
+                                           for t in toks)])
+    t = [r.config.get("train") or {} for r in runs]
+    rows.append(["Optimiser", _uniq(f"AdamW lr {x.get('lr')} constant, wd {x.get('weight_decay')}, clip "
+                                    f"{x.get('grad_clip')}, batch {x.get('batch_size')}, stride {x.get('stride')}"
+                                    for x in t)])
+    rows.append(["Training length", _uniq(
+        f"{r.summary.get('total_steps')} steps ({r.summary.get('tokens', 0) or 0:,} tokens)"
+        if r.summary.get("total_steps") else
+        (f"max_steps {r.cfg('train', 'max_steps')}" if r.cfg("train", "max_steps") else
+         f"{r.cfg('train', 'epochs')} epochs") for r in runs)])
+    rows.append(["Precision", _uniq(r.cfg("train", "precision") for r in runs)])
+    rows.append(["Device", _uniq(r.summary.get("device") or r.env.get("device") for r in runs)])
+    gpus = [r.env.get("gpu") for r in runs if r.env.get("gpu")]
+    if gpus:
+        rows.append(["GPU", _uniq(gpus)])
+    rows.append(["Platform", _uniq(r.env.get("platform") for r in runs)])
+    rows.append(["CPU threads", _uniq(r.env.get("cpu_threads") for r in runs)])
+    train_s = math.fsum(r.summary["wall_time_s"] for r in runs if finite(r.summary.get("wall_time_s")))
+    eval_s = math.fsum(e["wall_time_s"] for r in runs for e in r.evals.values()
+                       if isinstance(e, dict) and finite(e.get("wall_time_s")))
+    rows.append(["Total wall time", f"{_duration(train_s + eval_s)} (training {_duration(train_s)}, "
+                                    f"diagnostics {_duration(eval_s)}; summed over runs)"])
+    rows.append(["Versions", f"loopscale {_uniq(r.env.get('loopscale') for r in runs)}, torch "
+                             f"{_uniq(r.env.get('torch') for r in runs)}, python {_uniq(r.env.get('python') for r in runs)}"])
+    rows.append(["Git commit", _uniq(r.env.get("git_commit") for r in runs)])
+    return md_table(["Item", "Value"], rows)
+
+
+def differences(runs: list[Run]) -> str:
+    """The paper's setup (DESIGN §2) vs ours, per setting, from the run configs."""
+    from ..config import MODEL_PRESETS, RunConfig
+    default = RunConfig().to_dict()
+    p44, p129 = MODEL_PRESETS["paper-44m"], MODEL_PRESETS["paper-129m"]
+
+    def ours(f) -> str:
+        return _uniq(f(r) for r in runs if r.config)
+
+    def m(key):
+        return lambda r: r.cfg("model", key)
+    rows = [
+        ["Parameters", "44M / 129M", ours(lambda r: f"{r.size.params:,}")],
+        ["Width d", f"{p44['model']['d_model']} / {p129['model']['d_model']}", ours(m("d_model"))],
+        ["Layers", f"{p44['model']['n_layers']} / {p129['model']['n_layers']}", ours(m("n_layers"))],
+        ["Heads", f"{p44['model']['n_heads']} / {p129['model']['n_heads']}", ours(m("n_heads"))],
+        ["SwiGLU hidden", f"{p44['model']['d_ff']} / {p129['model']['d_ff']}", ours(m("d_ff"))],
+        ["Context (seq_len)", str(p44["model"]["seq_len"]), ours(m("seq_len"))],
+        ["Loops K", str(p44["model"]["n_loops"]), ours(m("n_loops"))],
+        ["Vocabulary", f"{p44['model']['vocab_size']:,} (word-level regex)",
+         ours(lambda r: f"{r.cfg('data', 'vocab_size')} ({r.cfg('data', 'tokenizer')})")],
+        ["Corpus", "WikiText-103 raw", ours(lambda r: r.cfg("data", "source"))],
+        ["Batch size", f"{p44['train']['batch_size']} / {p129['train']['batch_size']}", ours(lambda r: r.cfg("train", "batch_size"))],
+        ["Learning rate", f"{default['train']['lr']} constant", ours(lambda r: r.cfg("train", "lr"))],
+        ["Training length", f"{default['train']['epochs']:g} epochs (stride {default['train']['stride']})",
+         ours(lambda r: f"{r.summary.get('total_steps') or r.cfg('train', 'max_steps')} steps (stride "
+                        f"{r.cfg('train', 'stride')})")],
+        ["Dropout", str(default["model"]["dropout"]), ours(m("dropout"))],
+        ["Precision", "bf16 autocast (fp32 weights) on an L40S", ours(lambda r: f"{r.cfg('train', 'precision')} on "
+                                                                              f"{r.summary.get('device') or r.env.get('device')}")],
+        ["Seeds per condition", "3 (42, 101, 202)",
+         _uniq(f"{len(g.runs)} ({', '.join(str(r.seed) for r in g.runs)})" for g in group_runs(runs))],
+    ]
+    body = md_table(["Setting", "Paper", "Ours"], rows)
+    note = ("\nWhere ours differs, so may the outcome: a smaller model trained for fewer steps on a smaller corpus "
+            "has less time to drift, and PPLs over another tokenizer or corpus are not comparable with the paper's in "
+            "absolute terms. The claims are therefore judged by relative rules (ratios between conditions at the "
+            "same size), stated with each verdict.\n")
+    return body + note
+
+
+def report_markdown(runs: list[Run], results_dir: Path, out_path: Path, experiment: str = "",
+                    params: Optional[dict] = None, figures_dir: Optional[Path] = None) -> str:
+    params = params or {}
+    results_dir = Path(results_dir)
+    figures_dir = Path(figures_dir) if figures_dir else results_dir / "figures"
+    base = Path(out_path).parent
+
+    def rel(p: Path) -> str:
+        return Path(os.path.relpath(Path(p).resolve(), Path(base).resolve())).as_posix()
+
+    groups = group_runs(runs)
+    results = C.evaluate_groups(groups)
+    tables = build_tables(runs, root=Path.cwd())
+    verdicts = Counter(r.verdict for r in results)
+    out = [f"# Reproduction report: {experiment or 'loopscale'}\n",
+           "Reproduction of *Dense Supervision Is Not Enough: The Readout Blind Spot in Looped Language Models* "
+           "(Sharma & Vu, arXiv 2606.24898). Generated by `loopscale report write` from the run directories; "
+           "every number below is computed from them.\n",
+           f"**Verdicts:** {verdicts.get(C.REPRODUCED, 0)} reproduced, {verdicts.get(C.NOT_REPRODUCED, 0)} not "
+           f"reproduced, {verdicts.get(C.NOT_RUN, 0)} not run at this scale (of {len(results)}).\n",
+           "## What was run\n", what_was_run(runs, experiment, params),
+           "\n## What differs from the paper\n", differences(runs),
+           "\n## Claims\n",
+           "Each claim of the paper (DESIGN §1) with the paper's number, ours, and a verdict computed by the rule in "
+           "the last column (seed means of completed runs; conditions matched at the same model size). The rules and "
+           "thresholds are fixed in `src/loopscale/report/claims.py` and were set before looking at results.\n",
+           C.claims_markdown(results),
+           "\nThresholds: " + ", ".join(f"`{k}` = {getattr(C, k):g}" for k in (
+               "DRIFT_RATIO_MIN", "SMALL_NORM_MAX_PER_SQRT_D", "RADIAL_INVISIBLE_MAX", "RADIAL_VISIBLE_MIN",
+               "K_INVARIANCE_RATIO_MAX", "PPL_GAIN_MIN", "CLAMP_GAP_FRACTION", "CLAMP_FLOOR_NATS")) + ".\n",
+           "\n## Figures\n"]
+    for name, (_, caption) in FIGURES.items():
+        p = figures_dir / f"{name}.png"
+        out.append(f"**{caption}** (`{name}.png`)\n\n![{caption}]({rel(p)})\n")
+    out.append("\n## Tables\n")
+    out.append("CSV files (all numbers, std and n per cell) beside this report: " + ", ".join(
+        f"[{t.name}.csv]({rel(results_dir / f'{t.name}.csv')})" for t in tables) +
+        f", [claims.csv]({rel(results_dir / 'claims.csv')}).\n")
+    for t in tables:
+        if t.md:
+            out.append("\n#" + table_markdown(t))
+    return "\n".join(out)
+
+
+def claims_table(runs: list[Run]) -> Table:
+    results = C.evaluate_groups(group_runs(runs))
+    df = pd.DataFrame([r.as_dict() for r in results],
+                      columns=["size", "id", "claim", "paper", "ours", "verdict", "rule"])
+    return Table("claims", "Claims and verdicts", df, C.claims_markdown(results))
