@@ -1,0 +1,460 @@
+"""Helpers for the Snakemake pipeline (Snakefile, workflow/rules/*.smk).
+
+`params.yaml` is the one source of truth of the pipeline. This module
+
+* validates it: first against `workflow/schemas/params.schema.yaml` (unknown keys, wrong
+  types, unknown condition values), then by building every run's `RunConfig` with
+  `loopscale.config` layer by layer, so a bad value is reported with the params key that
+  set it. Every problem is one `ParamsError` whose message is one line naming the key;
+* expands an experiment into runs: sizes x conditions x seeds, where conditions come
+  from named condition sets, inline lists and grids of axes;
+* writes each run's resolved config with `write_if_changed` (an unchanged run keeps its
+  file and its mtime, which is what makes Snakemake's mtime rule work in a fresh clone).
+
+Files written per experiment (at DAG-construction time, before any job):
+
+    data/<exp>/config.yaml                 the data settings (input of prepare_data)
+    runs/<exp>/<size>/<cond>/seed<seed>/config.yaml
+                                           the fully resolved run config (train, evals)
+    runs/<exp>/<size>/<cond>/seed<seed>/train-config.yaml
+                                           config.yaml minus the eval section: what the
+                                           trained weights depend on (input of train)
+
+where <cond> is `<readout>-<loss>-<regularizer>-<recurrence>`.
+
+The module imports only `loopscale.config` (no torch) so the DAG builds fast; the
+`python -m loopscale.pipeline` commands used inside jobs may import more.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import itertools
+import json
+import os
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Optional
+
+import yaml
+
+from .config import (LOSSES, MODEL_PRESETS, READOUTS, RECURRENCES, REGULARIZERS, ConfigError, RunConfig,
+                     merge)
+
+AXES = ("readout", "loss", "regularizer", "recurrence")
+AXIS_VALUES = {"readout": READOUTS, "loss": LOSSES, "regularizer": REGULARIZERS, "recurrence": RECURRENCES}
+AXIS_DEFAULTS = {"regularizer": "none", "recurrence": "residual"}
+DIAGNOSTICS = ("depth", "throughput", "norms", "radial", "lemma", "clamp", "halting")
+NAME_RE = r"[A-Za-z0-9][A-Za-z0-9_.]*"  # experiment and size names (path components)
+
+# wildcard constraints for the rules: tight, so odd values never reach a shell
+WILDCARDS = {
+    "exp": NAME_RE,
+    "size": NAME_RE,
+    "cond": "-".join("(?:" + "|".join(AXIS_VALUES[a]) + ")" for a in AXES),
+    "seed": r"[0-9]+",
+    "diag": "|".join(DIAGNOSTICS),
+}
+
+
+class ParamsError(ValueError):
+    """A bad params.yaml. The message is one line and names the offending key."""
+
+
+# ---------------------------------------------------------------------------
+# data model
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Condition:
+    readout: str
+    loss: str
+    regularizer: str = "none"
+    recurrence: str = "residual"
+    overrides: str = "{}"  # JSON of the nested overrides (hashable)
+    where: str = ""  # params key that defined it
+
+    @property
+    def id(self) -> str:
+        return f"{self.readout}-{self.loss}-{self.regularizer}-{self.recurrence}"
+
+    @property
+    def override_dict(self) -> dict:
+        return json.loads(self.overrides)
+
+    def axes(self) -> dict:
+        return {a: getattr(self, a) for a in AXES}
+
+
+@dataclass
+class Run:
+    experiment: str
+    size: str
+    condition: Condition
+    seed: int
+    config: RunConfig
+
+    @property
+    def dir(self) -> str:
+        return run_dir(self.experiment, self.size, self.condition.id, self.seed)
+
+
+@dataclass
+class Experiment:
+    name: str
+    runs: list[Run]
+    data: dict  # resolved DataConfig as a dict
+    diagnostics: tuple[str, ...]
+    gpu: int = 0
+    description: str = ""
+    index: dict = field(default_factory=dict)  # (size, cond, seed) -> Run
+
+    def run(self, size: str, cond: str, seed) -> Run:
+        try:
+            return self.index[(size, cond, int(seed))]
+        except (KeyError, ValueError):
+            raise KeyError(f"no run {size}/{cond}/seed{seed} in experiment {self.name!r}") from None
+
+    @property
+    def data_dir(self) -> str:
+        return data_dir(self.name)
+
+
+def run_dir(exp: str, size: str, cond: str, seed) -> str:
+    return f"runs/{exp}/{size}/{cond}/seed{seed}"
+
+
+def data_dir(exp: str) -> str:
+    return f"data/{exp}"
+
+
+# ---------------------------------------------------------------------------
+# loading and schema validation
+# ---------------------------------------------------------------------------
+def load_params(path: str | os.PathLike) -> dict:
+    try:
+        with open(path) as f:
+            params = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ParamsError(f"{path}: file not found") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" (line {mark.line + 1})" if mark is not None else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ParamsError(f"{path}: not valid YAML{at}: {problem}") from None
+    if not isinstance(params, dict):
+        raise ParamsError(f"{path}: must hold a mapping at top level")
+    return params
+
+
+def load_schema(path: str | os.PathLike) -> dict:
+    with open(path) as f:
+        return yaml.safe_load(f)
+
+
+def _key(path: Iterable) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or "(top level)"
+
+
+def check_schema(params: dict, schema: dict, source: str = "params.yaml") -> None:
+    """Validate `params` against the JSON schema; raise one-line ParamsError naming the key."""
+    import jsonschema
+
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = list(validator.iter_errors(params))
+    if not errors:
+        return
+    err = jsonschema.exceptions.best_match(errors)
+    # descend into if/then/else and anyOf branches to the most specific error
+    while err.context:
+        err = jsonschema.exceptions.best_match(err.context)
+    path = list(err.absolute_path)
+    if err.validator == "additionalProperties":
+        extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
+        key = _key(path + [extra[0]]) if extra else _key(path)
+        raise ParamsError(f"{source}: unknown key {key!r}")
+    if err.validator == "propertyNames":
+        raise ParamsError(f"{source}: {_key(path)}: name {err.instance!r} must match {NAME_RE}")
+    if err.validator == "required":
+        missing = [k for k in err.validator_value if k not in err.instance]
+        raise ParamsError(f"{source}: {_key(path + missing[:1])}: required key is missing")
+    if err.validator == "enum":
+        choices = ", ".join(map(str, err.validator_value))
+        raise ParamsError(f"{source}: {_key(path)}: unknown value {err.instance!r}; choose one of {choices}")
+    msg = err.message.splitlines()[0]
+    raise ParamsError(f"{source}: {_key(path)}: {msg}")
+
+
+# ---------------------------------------------------------------------------
+# conditions
+# ---------------------------------------------------------------------------
+def _condition(item: dict, where: str) -> Condition:
+    axes = {a: item.get(a, AXIS_DEFAULTS.get(a)) for a in AXES}
+    for a in AXES:
+        if axes[a] is None:
+            raise ParamsError(f"{where}.{a}: required key is missing")
+        if axes[a] not in AXIS_VALUES[a]:
+            raise ParamsError(f"{where}.{a}: unknown value {axes[a]!r}; choose one of {', '.join(AXIS_VALUES[a])}")
+    overrides = item.get("overrides") or {}
+    return Condition(**axes, overrides=json.dumps(overrides, sort_keys=True), where=where)
+
+
+def expand_conditions(spec: Any, sets: dict, where: str, _stack: tuple = ()) -> list[Condition]:
+    """A condition spec -> list of conditions (order kept, exact duplicates dropped).
+
+    spec: a condition-set name | a condition {readout, loss, regularizer?, recurrence?,
+    overrides?} | a grid {grid: {axis: [values]}, overrides?} | a list of those."""
+    out: list[Condition] = []
+    if isinstance(spec, str):
+        if spec not in sets:
+            choices = ", ".join(sets) or "(none defined)"
+            raise ParamsError(f"{where}: unknown condition set {spec!r}; define it under condition_sets "
+                              f"(defined: {choices})")
+        if spec in _stack:
+            raise ParamsError(f"{where}: condition set {spec!r} includes itself")
+        out = expand_conditions(sets[spec], sets, f"condition_sets.{spec}", _stack + (spec,))
+    elif isinstance(spec, list):
+        for i, item in enumerate(spec):
+            out += expand_conditions(item, sets, f"{where}[{i}]", _stack)
+    elif isinstance(spec, dict) and "grid" in spec:
+        grid = spec["grid"]
+        values = []
+        for a in AXES:
+            vs = grid.get(a, [AXIS_DEFAULTS[a]] if a in AXIS_DEFAULTS else None)
+            if vs is None:
+                raise ParamsError(f"{where}.grid.{a}: required key is missing")
+            values.append(vs)
+        for combo in itertools.product(*values):
+            out.append(_condition({**dict(zip(AXES, combo)), "overrides": spec.get("overrides")},
+                                  f"{where}.grid"))
+    elif isinstance(spec, dict):
+        out.append(_condition(spec, where))
+    else:
+        raise ParamsError(f"{where}: a condition must be a set name, a mapping or a list, got {spec!r}")
+    return _dedupe(out)
+
+
+def _dedupe(conds: list[Condition]) -> list[Condition]:
+    seen: dict[str, Condition] = {}
+    out = []
+    for c in conds:
+        prev = seen.get(c.id)
+        if prev is None:
+            seen[c.id] = c
+            out.append(c)
+        elif prev.overrides != c.overrides:
+            raise ParamsError(f"{c.where}: condition {c.id} is also defined at {prev.where} "
+                              f"with different overrides")
+    return out
+
+
+# ---------------------------------------------------------------------------
+# run configs
+# ---------------------------------------------------------------------------
+def _layer(base: dict, update: Optional[dict], where: str, section: str = "") -> dict:
+    """Merge one params layer into a config dict and check it, blaming `where` for errors."""
+    if not update:
+        return base
+    patch = {section: update} if section else update
+    try:
+        if section and section not in base:
+            raise ConfigError(f"unknown section {section!r}")
+        if section:
+            merged = dict(base)
+            merged[section] = merge(base[section], update, where)
+        else:
+            merged = merge(base, patch, where)
+        RunConfig.from_dict(merged)
+    except ConfigError as e:
+        msg = str(e)
+        if msg.startswith(f"unknown key '{where}."):  # merge() already named the full params key
+            raise ParamsError(msg) from None
+        raise ParamsError(f"{where}: {msg}") from None
+    return merged
+
+
+def build_experiment(params: dict, name: str) -> Experiment:
+    sets = params.get("condition_sets") or {}
+    exp = params["experiments"][name]
+    where = f"experiments.{name}"
+    conditions = expand_conditions(exp["conditions"], sets, f"{where}.conditions")
+    if not conditions:
+        raise ParamsError(f"{where}.conditions: no conditions")
+    seeds = list(exp["seeds"])
+    diagnostics = tuple(exp.get("diagnostics", params.get("diagnostics", DIAGNOSTICS)))
+    runs, data, data_from = [], None, None
+    for size, spec in exp["sizes"].items():
+        swhere = f"{where}.sizes.{size}"
+        if spec["preset"] not in MODEL_PRESETS:
+            raise ParamsError(f"{swhere}.preset: unknown value {spec['preset']!r}; "
+                              f"choose one of {', '.join(MODEL_PRESETS)}")
+        base = merge(RunConfig().to_dict(), MODEL_PRESETS[spec["preset"]])
+        for section in ("data", "train", "eval"):
+            base = _layer(base, exp.get(section), f"{where}.{section}", section)
+        base = _layer(base, spec.get("overrides"), f"{swhere}.overrides")
+        if data is None:
+            data, data_from = base["data"], swhere
+        elif base["data"] != data:
+            raise ParamsError(f"{swhere}: its data settings differ from those of {data_from}; an experiment "
+                              f"prepares one corpus: set them in {where}.data")
+        for cond in conditions:
+            cfg = merge(base, {"model": {"readout": cond.readout, "recurrence": cond.recurrence},
+                               "objective": {"loss": cond.loss, "regularizer": cond.regularizer}})
+            cfg = _layer(cfg, cond.override_dict, f"{cond.where}.overrides")
+            for seed in seeds:
+                cfg_s = merge(cfg, {"train": {"seed": seed}})
+                try:
+                    rc = RunConfig.from_dict(cfg_s)
+                except ConfigError as e:
+                    raise ParamsError(f"{swhere} x {cond.id} x seed {seed}: {e}") from None
+                runs.append(Run(name, size, cond, int(seed), rc))
+    e = Experiment(name=name, runs=runs, data=data, diagnostics=diagnostics, gpu=int(exp.get("gpu", 0)),
+                   description=exp.get("description", ""))
+    e.index = {(r.size, r.condition.id, r.seed): r for r in runs}
+    return e
+
+
+def load_and_validate(params_path: str | os.PathLike, schema_path: str | os.PathLike,
+                      overrides: Optional[dict] = None) -> tuple[dict, dict[str, Experiment]]:
+    """Read params.yaml (+ `overrides`, e.g. Snakemake's --config), validate everything and
+    build every experiment. Returns (params, {name: Experiment})."""
+    params = load_params(params_path)
+    source = str(params_path)
+    for k, v in (overrides or {}).items():
+        params[k] = v
+    if "preset" in params:  # `--config preset=NAME` (older spelling of experiment=NAME)
+        params["experiment"] = params.pop("preset")
+    check_schema(params, load_schema(schema_path), source)
+    if params["experiment"] not in params["experiments"]:
+        raise ParamsError(f"{source}: experiment: unknown experiment {params['experiment']!r}; "
+                          f"choose one of {', '.join(params['experiments'])}")
+    experiments = {}
+    for name in params["experiments"]:
+        try:
+            experiments[name] = build_experiment(params, name)
+        except ParamsError as e:
+            raise ParamsError(f"{source}: {e}") from None
+    return params, experiments
+
+
+# ---------------------------------------------------------------------------
+# files
+# ---------------------------------------------------------------------------
+def write_if_changed(path: str | os.PathLike, text: str) -> bool:
+    """Write `text` to `path` atomically unless it already holds exactly that text.
+
+    Returns True when the file was (re)written. An unchanged file keeps its mtime."""
+    path = Path(path)
+    try:
+        if path.read_text() == text:
+            return False
+    except (FileNotFoundError, IsADirectoryError, UnicodeDecodeError):
+        pass
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    return True
+
+
+_HEADER = "# Written by the pipeline from params.yaml ({what}); do not edit: edit params.yaml.\n"
+
+
+def config_texts(run: Run) -> tuple[str, str]:
+    """(config.yaml, train-config.yaml) texts of a run."""
+    d = run.config.to_dict()
+    full = _HEADER.format(what=f"experiment {run.experiment}, run {run.size}/{run.condition.id}/seed{run.seed}")
+    full += yaml.safe_dump(d, sort_keys=False)
+    train_only = {k: v for k, v in d.items() if k != "eval"}
+    tr = _HEADER.format(what="the settings the trained weights depend on: config.yaml minus eval")
+    tr += yaml.safe_dump(train_only, sort_keys=False)
+    return full, tr
+
+
+def materialize(exp: Experiment, root: str | os.PathLike = ".") -> list[str]:
+    """Write the experiment's data config and every run's configs (write-if-changed).
+
+    Returns the paths that were (re)written."""
+    root = Path(root)
+    written = []
+    text = _HEADER.format(what=f"experiment {exp.name}, data settings") + yaml.safe_dump({"data": exp.data},
+                                                                                       sort_keys=False)
+    if write_if_changed(root / exp.data_dir / "config.yaml", text):
+        written.append(f"{exp.data_dir}/config.yaml")
+    for run in exp.runs:
+        full, tr = config_texts(run)
+        for name, t in (("config.yaml", full), ("train-config.yaml", tr)):
+            if write_if_changed(root / run.dir / name, t):
+                written.append(f"{run.dir}/{name}")
+    return written
+
+
+# ---------------------------------------------------------------------------
+# job-side helpers: python -m loopscale.pipeline <command>
+# ---------------------------------------------------------------------------
+def drop_stale_state(run_dir: str | os.PathLike, config_path: str | os.PathLike) -> bool:
+    """Delete RUN/state.pt when it was written with other training settings than
+    `config_path` (a config change makes it useless; resuming it would raise).
+
+    Returns True when it was deleted."""
+    state = Path(run_dir) / "state.pt"
+    if not state.exists():
+        return False
+    from .config import load_config
+    from .io import CheckpointError, load_checkpoint
+    from .train import _comparable
+
+    cfg = load_config(str(config_path))
+    try:
+        ck = load_checkpoint(state)
+        same = _comparable(ck["config"]) == _comparable(cfg.to_dict())
+    except (CheckpointError, KeyError):
+        same = False
+    if not same:
+        state.unlink()
+        print(f"loopscale pipeline: {state} belonged to other settings; training starts over", file=sys.stderr)
+        return True
+    return False
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m loopscale.pipeline", description="pipeline helpers")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("drop-stale-state", help="remove RUN/state.pt if written with other settings")
+    s.add_argument("run_dir")
+    s.add_argument("config")
+    s = sub.add_parser("check", help="validate params.yaml and list the runs of an experiment")
+    s.add_argument("--params", default="params.yaml")
+    s.add_argument("--schema", default="workflow/schemas/params.schema.yaml")
+    s.add_argument("--experiment")
+    args = p.parse_args(argv)
+    if args.cmd == "drop-stale-state":
+        drop_stale_state(args.run_dir, args.config)
+        return 0
+    try:
+        params, exps = load_and_validate(args.params, args.schema,
+                                         {"experiment": args.experiment} if args.experiment else None)
+    except ParamsError as e:
+        print(f"loopscale pipeline: error: {e}", file=sys.stderr)
+        return 2
+    exp = exps[params["experiment"]]
+    for r in exp.runs:
+        print(r.dir)
+    print(f"# {exp.name}: {len(exp.runs)} runs, diagnostics: {', '.join(exp.diagnostics)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

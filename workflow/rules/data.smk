@@ -1,0 +1,24 @@
+# Stage 1: corpus -> tokenizer + uint16 token files, once per experiment.
+# data/<exp>/config.yaml (the experiment's data settings) is written by common.smk.
+
+
+rule prepare_data:
+    """Fetch/read the corpus, fit the tokenizer and write the token files of one experiment."""
+    input:
+        config="data/{exp}/config.yaml",
+        code=DATA_CODE,
+    output:
+        tokenizer="data/{exp}/tokenizer.json",
+        train="data/{exp}/train.bin",
+        validation="data/{exp}/validation.bin",
+        test="data/{exp}/test.bin",
+        meta="data/{exp}/meta.json",
+    log:
+        "logs/{exp}/prepare_data.log",
+    params:
+        out=lambda wc, output: os.path.dirname(output.meta),
+    threads: 1
+    conda:
+        "../envs/loopscale.yaml"
+    shell:
+        "loopscale prepare-data --config {input.config} --out {params.out} > {log} 2>&1"

@@ -1,0 +1,55 @@
+# Stage 3: evaluations of every trained run: the depth evaluation (rule depth_eval) and
+# one job per other diagnostic (rule diagnostic). Inputs: the run's summary.json (the
+# training job's output), its config.yaml (its eval settings are passed with --set, so an
+# edited eval setting reruns the evaluations, not training) and the evaluation code.
+# A diverged or failed run yields a JSON with status != "ok" without evaluating.
+
+
+rule depth_eval:
+    """PPL per exit k=1..K and with extrapolated depth k=1..depth_factor*K."""
+    input:
+        summary="runs/{exp}/{size}/{cond}/seed{seed}/summary.json",
+        config="runs/{exp}/{size}/{cond}/seed{seed}/config.yaml",
+        data=data_inputs,
+        code=EVAL_CODE,
+    output:
+        result="runs/{exp}/{size}/{cond}/seed{seed}/eval/depth.json",
+    log:
+        "logs/{exp}/{size}/{cond}/seed{seed}/depth.log",
+    params:
+        run=run_dir_of,
+        data=data_dir_of,
+        sets=eval_sets,
+    threads: job_threads
+    resources:
+        gpu=EXP.gpu,
+    conda:
+        "../envs/loopscale.yaml"
+    shell:
+        "loopscale eval depth --model {params.run}/model.pt --data {params.data} --out {output.result} -q"
+        " {params.sets} > {log} 2>&1"
+
+
+rule diagnostic:
+    """One diagnostic (throughput, norms, radial, lemma, clamp, halting) of one run."""
+    input:
+        summary="runs/{exp}/{size}/{cond}/seed{seed}/summary.json",
+        config="runs/{exp}/{size}/{cond}/seed{seed}/config.yaml",
+        data=data_inputs,
+        code=EVAL_CODE,
+    output:
+        result="runs/{exp}/{size}/{cond}/seed{seed}/eval/{diag}.json",
+    log:
+        "logs/{exp}/{size}/{cond}/seed{seed}/{diag}.log",
+    params:
+        run=run_dir_of,
+        data=data_dir_of,
+        sets=eval_sets,
+    threads: job_threads
+    resources:
+        gpu=EXP.gpu,
+    conda:
+        "../envs/loopscale.yaml"
+    shell:
+        "loopscale eval {wildcards.diag} --model {params.run}/model.pt --data {params.data}"
+        " --out {output.result} -q {params.sets} > {log} 2>&1"
