@@ -75,7 +75,7 @@ WIKITEXT_REPO = "Salesforce/wikitext"
 # Encoding works on pieces of a split's text cut only where a token boundary is certain
 # (between an ASCII letter/digit and a space or newline: no pre-token of either tokenizer
 # spans a non-space followed by a space), so the ids equal those of the whole text.
-_CHUNK_CHARS = 1 << 18
+_CHUNK_CHARS = 1 << 16  # ~64k characters; 64 chunks (~4M characters) per encode_batch call
 _ENCODE_BATCH_CHUNKS = 64
 _SAFE_CUT = re.compile(r"(?<=[A-Za-z0-9])(?=[ \n])")
 _OFFLINE_HINT = ("use data.source=builtin (offline), or data.source=text-files with "
