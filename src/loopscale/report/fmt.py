@@ -14,8 +14,25 @@ def isnum(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def num(x, kind: str = "auto") -> str:
-    """One number for a table cell. kinds: auto, sci (radial fractions), int, ratio, pct."""
+def _decimals(x: float) -> Optional[int]:
+    """Decimals used for x in `auto` format; None means scientific notation."""
+    a = abs(x)
+    if a == 0:
+        return 0
+    if a >= 1e6 or a < 1e-3:
+        return None
+    if a >= 1000:
+        return 0
+    if a >= 100:
+        return 1
+    if a >= 1:
+        return 2
+    return 3
+
+
+def num(x, kind: str = "auto", decimals: Optional[int] = -1) -> str:
+    """One number for a table cell. kinds: auto, sci (radial fractions), int, ratio, pct.
+    `decimals` forces the fixed-point decimals of `auto` (None: scientific)."""
     if x is None or (isinstance(x, float) and math.isnan(x)):
         return EMPTY
     if isinstance(x, float) and math.isinf(x):
@@ -28,18 +45,12 @@ def num(x, kind: str = "auto") -> str:
         return f"{100 * x:.1f}%"
     if kind == "ratio":
         return f"{x:.2f}×" if abs(x) < 1000 else f"{x:.2e}×"
-    a = abs(x)
-    if a == 0:
+    if x == 0:
         return "0"
-    if a >= 1e6 or a < 1e-3:
+    dec = _decimals(x) if decimals == -1 else decimals
+    if dec is None:
         return f"{x:.2e}"
-    if a >= 1000:
-        return f"{x:,.0f}"
-    if a >= 100:
-        return f"{x:.1f}"
-    if a >= 1:
-        return f"{x:.2f}"
-    return f"{x:.3f}"
+    return f"{x:,.{dec}f}"
 
 
 def pm(mean, std, n: Optional[int] = None, kind: str = "auto", n_row: Optional[int] = None) -> str:
@@ -48,7 +59,10 @@ def pm(mean, std, n: Optional[int] = None, kind: str = "auto", n_row: Optional[i
         return EMPTY
     s = num(mean, kind)
     if isnum(std) and (n is None or n > 1):
-        s += f" ± {num(std, kind)}"
+        sd = num(std, kind, _decimals(mean) if kind == "auto" else -1)
+        if std != 0 and sd.strip("0.,") == "":  # rounds to zero at the mean's precision
+            sd = f"{std:.1e}"
+        s += f" ± {sd}"
     if n is not None and n_row is not None and n != n_row:
         s += f" (n={n})"
     return s

@@ -1,0 +1,332 @@
+"""Reports: aggregation over seeds, failed/diverged runs, missing files, verdict rules,
+figures and determinism -- all on small synthetic run directories."""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from loopscale.config import preset
+from loopscale.report import claims as C
+from loopscale.report.aggregate import build_tables, group_runs, write_tables
+from loopscale.report.claims import CondStats
+from loopscale.report.cli import find_run_dirs
+from loopscale.report.figures import FIGURES, write_figures
+from loopscale.report.runs import condition, load_run, load_runs
+from loopscale.report.write import report_markdown
+
+D, K = 32, 3
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+# ---------------------------------------------------------------------------
+# synthetic run directories
+# ---------------------------------------------------------------------------
+def make_run(root: Path, readout="rmsnorm", loss="per_loop", regularizer="none", recurrence="residual", seed=42,
+             status="completed", exit_ppl=(30.0, 20.0, 10.0), norm_k=(5.0, 8.0, 12.0), radial=None, clamp_dce=None,
+             diags=("depth", "throughput", "norms", "radial", "lemma", "clamp", "halting"), config_json=True,
+             summary=True, diverged_at=17) -> Path:
+    cfg = preset("smoke", {"model": {"readout": readout, "recurrence": recurrence},
+                           "objective": {"loss": loss, "regularizer": regularizer},
+                           "train": {"seed": seed}}).to_dict()
+    d = root / f"{readout}-{loss}-{regularizer}-{recurrence}" / f"seed{seed}"
+    d.mkdir(parents=True)
+    env = {"loopscale": "0.1.0", "git_commit": "abc123", "torch": "2.13.0", "python": "3.12", "platform": "test",
+           "device": "cpu", "cpu_threads": 1}
+    if config_json:
+        (d / "config.json").write_text(json.dumps({"config": cfg, "env": env, "data": {"vocab_size": 2048}}))
+    else:
+        import yaml
+        (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    ces = [math.log(p) for p in exit_ppl]
+    metrics = [{"step": s, "tokens": s * 256, "loss": 5.0, "ce": ces, "norm": [n * s / 30 for n in norm_k],
+                "penalty": 0.0, "grad_norm": 1.0, "lr": 1e-3, "tok_per_s": 1000.0, "elapsed": s / 10}
+               for s in (10, 20, 30)]
+    if status == "completed":
+        metrics.append({"step": 30, "split": "validation", "tokens": 2048, "val_ce": ces, "val_norm": list(norm_k)})
+    (d / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics))
+    if summary:
+        s = {"status": status, "steps": 30, "total_steps": 30, "tokens": 7680, "params": 70000, "wall_time_s": 12.5,
+             "device": "cpu"}
+        if status == "completed":
+            s["validation"] = {"step": 30, "tokens": 2048, "val_ce": ces, "val_norm": list(norm_k)}
+        elif status == "diverged":
+            s.update(steps=diverged_at - 1, diverged_at_step=diverged_at, last_finite=metrics[0])
+        else:
+            s["error"] = "RuntimeError: boom"
+        (d / "summary.json").write_text(json.dumps(s))
+    if status != "completed":
+        return d
+    hdr = {"status": "ok", "seed": seed, "wall_time_s": 1.0,
+           "condition": {"readout": readout, "loss": loss, "regularizer": regularizer, "recurrence": recurrence}}
+    rows = [{"k": k + 1, "ce": ces[k], "ppl": exit_ppl[k], "norm": norm_k[k]} for k in range(K)]
+    deep = rows + [{"k": k, "ce": ces[-1] + 0.1 * (k - K), "ppl": math.exp(ces[-1] + 0.1 * (k - K)),
+                    "norm": norm_k[-1] * k / K} for k in range(K + 1, 3 * K + 1)]
+    radial = radial if radial is not None else ([1e-12] * K if readout in ("rmsnorm", "layernorm") else [1e-2] * K)
+    clamp_dce = clamp_dce if clamp_dce is not None else {"remove_radial": 0.001, "freeze_loop1": 0.002}
+    payloads = {
+        "depth": {"k_train": K, "exits": rows, "depth": deep},
+        "throughput": {"depth": [{"k": k, "tokens_per_s": 9000.0 / k} for k in range(1, 3 * K + 1)]},
+        "norms": {"loops": [{"k": k + 1, "norm": norm_k[k], "mean": norm_k[k]} for k in range(K)],
+                  "final": {"k": K, "mean": norm_k[-1], "median": norm_k[-1] * 0.9, "p99": norm_k[-1] * 2,
+                            "max": norm_k[-1] * 3, "std": 1.0, "min": 0.5, "p99_over_median": 2.2},
+                  "histogram": {"edges": [1.0, 2.0, 4.0, 8.0, 16.0, 32.0], "counts": [1, 5, 20, 10, 2]}},
+        "radial": {"loops": [{"k": k + 1, "readout": readout, "radial_fraction": radial[k], "mean_cos": 0.0}
+                             for k in range(K)]},
+        "lemma": {"loops": [{"k": k, "scale": 2.0 * k, **({"radial_increment": 2.0, "relative_increment": 1 / k,
+                                                           "angular_update": 0.5 / k, "angular_times_scale": 1.0}
+                                                          if k < 8 else {})} for k in range(1, 9)]},
+        "clamp": {"modes": {m: [{"k": k + 1, "ce": ces[k] + dv, "ppl": math.exp(ces[k] + dv), "norm": 3.0,
+                                 "delta_ce": dv, "rel_ppl": math.exp(dv)} for k in range(K)]
+                            for m, dv in {"none": 0.0, **clamp_dce}.items()}},
+        "halting": {"policies": {f"{p}/{g}": {"policy": p, "granularity": g, "threshold": 0.5, "early_exit": True,
+                                              "calib": {"mean_loops": 2.0, "ppl": 10.05, "ppl_full": 10.0,
+                                                        "ppl_ratio": 1.005, "meets_target": True},
+                                              "test": {"mean_loops": 2.1, "ppl": 10.2, "ppl_full": 10.1,
+                                                       "ppl_ratio": 1.01, "meets_target": True}}
+                                 for p in ("max_prob", "margin", "entropy") for g in ("sequence", "token")},
+                    "dynamic": {"full_depth": {"time_s": 1.0}, "max_prob": {"speedup": 1.3, "mean_loops": 2.2},
+                                "margin": {"speedup": 1.2, "mean_loops": 2.4},
+                                "entropy": {"speedup": 1.1, "mean_loops": 2.6}}},
+    }
+    (d / "eval").mkdir()
+    for name in diags:
+        (d / "eval" / f"{name}.json").write_text(json.dumps({"diagnostic": name, **hdr, **payloads[name]}))
+    return d
+
+
+@pytest.fixture
+def grid(tmp_path) -> Path:
+    """A small grid: 2 seeds of the drifting and the raw model, 1 diverged and 1 failed seed,
+    one run without any eval file, and an inter-loop run."""
+    root = tmp_path / "runs"
+    make_run(root, seed=1, exit_ppl=(10.0, 10.0, 10.0), norm_k=(50.0, 300.0, 1000.0))
+    make_run(root, seed=2, exit_ppl=(12.0, 12.0, 12.0), norm_k=(50.0, 300.0, 1400.0))
+    make_run(root, seed=3, status="diverged", diverged_at=17)
+    make_run(root, seed=4, status="failed", summary=False)
+    make_run(root, readout="raw", seed=1, exit_ppl=(30.0, 12.0, 8.0), norm_k=(5.0, 8.0, 12.0))
+    make_run(root, readout="raw", seed=2, exit_ppl=(30.0, 12.0, 8.0), norm_k=(5.0, 8.0, 12.0), diags=())
+    make_run(root, recurrence="inter_loop_norm", seed=1, exit_ppl=(20.0, 11.0, 9.0), norm_k=(6.0, 7.0, 8.0))
+    return root
+
+
+def runs_of(root: Path):
+    return load_runs(find_run_dirs([str(root)]))
+
+
+def _main_row(df: pd.DataFrame, cond) -> pd.Series:
+    return df[df["condition_id"] == cond.slug].iloc[0]
+
+
+# ---------------------------------------------------------------------------
+# aggregation
+# ---------------------------------------------------------------------------
+def test_mean_std_over_seeds_and_seed_count(grid, tmp_path):
+    tables = {t.name: t for t in build_tables(runs_of(grid))}
+    row = _main_row(tables["main"].df, condition("rmsnorm", "per_loop"))
+    assert row["ppl_K_mean"] == pytest.approx(11.0)
+    assert row["ppl_K_std"] == pytest.approx(math.sqrt(2.0))  # sample std (ddof=1) of 10, 12
+    assert row["norm_K_mean"] == pytest.approx(1200.0)
+    assert row["n"] == 2 and row["n_runs"] == 4
+    md = tables["main"].md
+    line = next(l for l in md.splitlines() if l.startswith("| ") and "per-loop CE + RMSNorm readout |" in l)
+    assert "11.00 ± 1.41" in line and "2/4" in line and "1,200 ± 283" in line
+    # a single seed: mean, no std
+    il = _main_row(tables["main"].df, condition("rmsnorm", "per_loop", "none", "inter_loop_norm"))
+    assert il["n"] == 1 and math.isnan(il["ppl_K_std"])
+    # per-k means in the depth table
+    dp = tables["depth"].df
+    raw = dp[(dp.condition_id == condition("raw", "per_loop").slug) & (dp.kind == "exit") & (dp.k == 1)].iloc[0]
+    assert raw["ppl_mean"] == pytest.approx(30.0) and raw["ppl_n"] == 2
+
+
+def test_failed_and_diverged_runs_shown_and_excluded(grid):
+    runs = runs_of(grid)
+    assert len(runs) == 7
+    status = {(r.condition.slug, r.seed): (r.status, r.note) for r in runs}
+    slug = condition("rmsnorm", "per_loop").slug
+    assert status[(slug, 3)] == ("diverged", "diverged at step 17")
+    assert status[(slug, 4)][0] == "failed"
+    tables = {t.name: t for t in build_tables(runs)}
+    row = _main_row(tables["main"].df, condition("rmsnorm", "per_loop"))
+    assert "seed 3 diverged at step 17" in row["runs"] and "seed 4 failed" in row["runs"]
+    assert row["ppl_K_mean"] == pytest.approx(11.0)  # diverged/failed runs excluded
+    assert "diverged at step 17" in tables["main"].md and "Excluded from the means" in tables["main"].md
+    assert "diverged at step 17" in tables["radial"].md  # every table notes the exclusion
+    rt = tables["runs"].df
+    assert len(rt) == 7 and set(rt["status"]) == {"completed", "diverged", "failed"}
+
+
+def test_missing_eval_files_do_not_crash(tmp_path):
+    root = tmp_path / "runs"
+    make_run(root, seed=1, diags=())
+    make_run(root, readout="raw", seed=1, diags=("depth",))
+    (root / "rmsnorm-per_loop-none-residual" / "seed1" / "eval").mkdir(exist_ok=True)
+    (root / "rmsnorm-per_loop-none-residual" / "seed1" / "eval" / "radial.json").write_text("{not json")
+    runs = runs_of(root)
+    tables = {t.name: t for t in build_tables(runs)}
+    rad = tables["radial"].df
+    assert rad["radial_fraction_mean"].isna().all()
+    assert "unreadable" in tables["radial"].md  # says why the cells are empty
+    # the main table falls back to the end-of-training validation
+    row = _main_row(tables["main"].df, condition("rmsnorm", "per_loop"))
+    assert row["ppl_K_mean"] == pytest.approx(10.0) and row["ppl_source"] == "summary"
+    write_tables(list(tables.values()), tmp_path / "out")
+    paths = write_figures(runs, tmp_path / "fig")
+    assert all(p.read_bytes().startswith(PNG_MAGIC) for p in paths)
+    text = report_markdown(runs, tmp_path / "out", tmp_path / "out" / "REPORT.md", "t")
+    assert C.NOT_RUN in text
+
+
+def test_config_yaml_fallback_and_missing_summary(tmp_path):
+    d = make_run(tmp_path / "runs", readout="raw", seed=5, config_json=False, summary=False, status="failed")
+    r = load_run(d)
+    assert r.condition == condition("raw", "per_loop") and r.seed == 5
+    assert r.status == "failed" and "no summary.json" in r.note
+
+
+# ---------------------------------------------------------------------------
+# verdict rules
+# ---------------------------------------------------------------------------
+def cs(cond, norm=10.0, ppl=(20.0, 15.0, 12.0), radial=(), clamp=None, n=2, d_model=64):
+    ce = math.log(ppl[-1])
+    return CondStats(cond=cond, n=n, n_runs=max(n, 1), d_model=d_model, K=len(ppl), runs_text=f"{n} completed",
+                     norm_K=norm, ppl_K=ppl[-1], ce_K=ce, exit_ppl=list(ppl), radial=list(radial),
+                     clamp_dce=dict(clamp or {}))
+
+
+RMS, RAW = C.PER_LOOP_RMS, C.PER_LOOP_RAW
+
+
+def verdict(fn, *stats_):
+    return fn({s.cond: s for s in stats_}).verdict
+
+
+def test_claim_a_drift():
+    assert verdict(C.claim_drift, cs(RMS, norm=5000), cs(RAW, norm=20)) == C.REPRODUCED
+    assert verdict(C.claim_drift, cs(RMS, norm=100), cs(RAW, norm=20)) == C.NOT_REPRODUCED
+    assert verdict(C.claim_drift, cs(RMS, norm=5000)) == C.NOT_RUN
+    assert verdict(C.claim_drift, cs(RMS, norm=5000), cs(RAW, norm=20, n=0)) == C.NOT_RUN  # all seeds diverged
+
+
+def test_claim_b_small_norms():
+    sq = math.sqrt(64)
+    assert verdict(C.claim_small_norms, cs(RAW, norm=3 * sq), cs(C.PER_LOOP_PENALTY, norm=2 * sq)) == C.REPRODUCED
+    assert verdict(C.claim_small_norms, cs(RAW, norm=3 * sq), cs(C.PER_LOOP_PENALTY, norm=11 * sq)) == C.NOT_REPRODUCED
+    assert verdict(C.claim_small_norms, cs(RMS, norm=5)) == C.NOT_RUN
+
+
+def test_claim_c_inter_loop():
+    assert verdict(C.claim_inter_loop, cs(C.INTER_LOOP, norm=20), cs(RMS, norm=5000)) == C.REPRODUCED
+    assert verdict(C.claim_inter_loop, cs(C.INTER_LOOP, norm=2000), cs(RMS, norm=5000)) == C.NOT_REPRODUCED
+    assert verdict(C.claim_inter_loop, cs(C.INTER_LOOP, norm=20), cs(RMS, norm=50)) == C.NOT_REPRODUCED  # no drift
+    assert verdict(C.claim_inter_loop, cs(RMS, norm=5000)) == C.NOT_RUN
+
+
+def test_claim_d_radial():
+    lay = condition("layernorm", "per_loop")
+    ok = (cs(RMS, radial=[1e-9, 2e-9, 1e-9]), cs(lay, radial=[1e-8] * 3), cs(RAW, radial=[1e-2] * 3))
+    assert verdict(C.claim_radial, *ok) == C.REPRODUCED
+    assert verdict(C.claim_radial, cs(RMS, radial=[1e-9, 1e-3, 1e-9]), ok[2]) == C.NOT_REPRODUCED
+    assert verdict(C.claim_radial, ok[0], cs(RAW, radial=[1e-7] * 3)) == C.NOT_REPRODUCED
+    assert verdict(C.claim_radial, ok[0]) == C.NOT_RUN
+    assert verdict(C.claim_radial, cs(RMS), ok[2]) == C.NOT_RUN  # no radial data for the RMSNorm model
+
+
+def test_claim_e_k_invariance():
+    flat, steep = (4.98, 4.95, 4.95, 4.97), (4.68, 4.55, 4.54, 4.55)
+    assert verdict(C.claim_k_invariance, cs(RMS, ppl=flat), cs(RAW, ppl=steep)) == C.REPRODUCED
+    assert verdict(C.claim_k_invariance, cs(RMS, ppl=steep), cs(RAW, ppl=flat)) == C.NOT_REPRODUCED
+    assert verdict(C.claim_k_invariance, cs(RAW, ppl=steep)) == C.NOT_RUN
+    assert verdict(C.claim_k_invariance, cs(RMS, ppl=(5.0,)), cs(RAW, ppl=steep)) == C.NOT_RUN  # K=1: no range
+
+
+def test_claim_f_scale_control():
+    rms = cs(RMS, ppl=(5.0, 5.0, 4.97))
+    assert verdict(C.claim_scale_control, rms, cs(RAW, ppl=(4.6, 4.55)), cs(C.PER_LOOP_FINAL, ppl=(4.6, 4.55))) \
+        == C.REPRODUCED
+    assert verdict(C.claim_scale_control, rms, cs(RAW, ppl=(4.6, 4.55)), cs(C.PER_LOOP_FINAL, ppl=(4.96,))) \
+        == C.NOT_REPRODUCED  # < 1% better is not enough
+    assert verdict(C.claim_scale_control, rms) == C.NOT_RUN
+    assert verdict(C.claim_scale_control, cs(RAW, ppl=(4.55,))) == C.NOT_RUN
+
+
+def test_claim_g_clamp():
+    rms = dict(ppl=(100.0, 100.0, 100.0))  # CE gap to raw: log(100) - log(50) = 0.69 nats -> threshold 0.17
+    raw = cs(RAW, ppl=(50.0, 50.0, 50.0))
+    assert verdict(C.claim_clamp, cs(RMS, clamp={"freeze_loop1": 0.05, "remove_radial": -0.1}, **rms), raw) \
+        == C.REPRODUCED
+    assert verdict(C.claim_clamp, cs(RMS, clamp={"freeze_loop1": 0.05, "remove_radial": -0.3}, **rms), raw) \
+        == C.NOT_REPRODUCED
+    # without the raw condition only the absolute floor applies
+    assert verdict(C.claim_clamp, cs(RMS, clamp={"freeze_loop1": 0.005}, **rms)) == C.REPRODUCED
+    assert verdict(C.claim_clamp, cs(RMS, clamp={"freeze_loop1": 0.05}, **rms)) == C.NOT_REPRODUCED
+    assert verdict(C.claim_clamp, cs(RMS, **rms), raw) == C.NOT_RUN
+
+
+def test_claims_from_run_directories(grid):
+    res = {r.id: r for r in C.evaluate_groups(group_runs(runs_of(grid)))}
+    assert res["a"].verdict == C.REPRODUCED  # 1200 vs 12
+    assert res["c"].verdict == C.REPRODUCED  # 8 vs 1200
+    assert res["d"].verdict == C.REPRODUCED  # 1e-12 vs 1e-2
+    assert res["e"].verdict == C.REPRODUCED  # flat vs 30 -> 8
+    assert res["f"].verdict == C.REPRODUCED  # 8 vs 11
+    assert res["g"].verdict == C.REPRODUCED  # |ΔCE| 0.002 vs gap 0.32
+    assert all(r.rule for r in res.values())
+
+
+# ---------------------------------------------------------------------------
+# figures, CLI, determinism
+# ---------------------------------------------------------------------------
+def test_figures_are_valid_pngs(grid, tmp_path):
+    import matplotlib.image as mpimg
+    paths = write_figures(runs_of(grid), tmp_path / "fig")
+    assert sorted(p.name for p in paths) == sorted(f"{n}.png" for n in FIGURES)
+    for p in paths:
+        assert p.read_bytes().startswith(PNG_MAGIC)
+        img = mpimg.imread(p)
+        assert img.shape[0] > 200 and img.shape[1] > 300
+    assert not list((tmp_path / "fig").glob(".*"))  # no temp files left
+
+
+def _snapshot(d: Path) -> dict:
+    return {p.relative_to(d).as_posix(): p.read_bytes() for p in sorted(d.rglob("*")) if p.is_file()}
+
+
+def test_cli_outputs_are_deterministic(grid, tmp_path, monkeypatch):
+    from loopscale.cli import main
+    monkeypatch.chdir(tmp_path)
+    params = tmp_path / "params.yaml"
+    params.write_text("experiments:\n  t:\n    description: a test\n    sizes: {smoke: {preset: smoke}}\n"
+                      "    seeds: [1, 2, 3, 4]\n")
+    seeds = sorted(str(p) for p in grid.glob("*/seed*"))
+    outs = []
+    for i, order in enumerate((seeds, seeds[::-1])):  # the order of --runs does not matter
+        res = tmp_path / f"results{i}"
+        assert main(["report", "tables", "--runs", *order, "--out", str(res)]) == 0
+        assert main(["report", "figures", "--runs", *order, "--out", str(res / "figures")]) == 0
+        assert main(["report", "write", "--runs", *order, "--results", str(res), "--params", str(params),
+                     "--experiment", "t", "--out", str(res / "REPORT.md")]) == 0
+        outs.append(_snapshot(res))
+    assert outs[0].keys() == outs[1].keys()
+    for name in outs[0]:
+        assert outs[0][name] == outs[1][name], name
+    names = set(outs[0])
+    for t in ("main", "depth", "norms", "radial", "lemma", "clamp", "halting", "runs", "claims"):
+        assert f"{t}.csv" in names and f"{t}.md" in names
+    report = outs[0]["REPORT.md"].decode()
+    assert "](figures/norm_per_loop.png)" in report and "](main.csv)" in report
+    assert "a test" in report and "diverged at step 17" in report
+    for cid in "abcdefg":
+        assert f"| ({cid}) " in report
+    claims = pd.read_csv(tmp_path / "results0" / "claims.csv")
+    assert set(claims["verdict"]) <= {C.REPRODUCED, C.NOT_REPRODUCED, C.NOT_RUN}
+
+
+def test_no_runs_is_an_error(tmp_path):
+    from loopscale.cli import main
+    (tmp_path / "empty").mkdir()
+    assert main(["report", "tables", "--runs", str(tmp_path / "empty"), "--out", str(tmp_path / "o")]) == 2
