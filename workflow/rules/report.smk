@@ -1,21 +1,26 @@
 # Stage 4: aggregate every run of the experiment into tables, then figures, then the report.
-# Inputs: the runs' result files and the report code (src/loopscale/report/**).
+# Inputs: the runs' result files and the report code (src/loopscale/report/**). The
+# outputs are the files `loopscale report` documents (src/loopscale/report/__init__.py).
+
+TABLES = ["main", "depth", "norms", "radial", "lemma", "clamp", "halting", "runs", "claims"]
+FIGURES = ["norm_per_loop", "norm_training", "ppl_depth", "frontier", "radial_vs_norm", "norm_histogram", "lemma"]
 
 
 rule aggregate:
-    """Per-run and per-condition tables (CSV + Markdown)."""
+    """Tables (CSV + Markdown) of every run and condition, and the paper's claims."""
     input:
         summaries=run_files("summary.json"),
         evals=eval_files(),
         code=REPORT_CODE,
     output:
-        runs="results/{exp}/runs.csv",
-        tables="results/{exp}/tables.md",
+        csv=expand("results/{{exp}}/{table}.csv", table=TABLES),
+        md=expand("results/{{exp}}/{table}.md", table=TABLES),
+        norm_loops="results/{exp}/norm_loops.csv",
     log:
         "logs/{exp}/aggregate.log",
     params:
         runs=run_dirs,
-        out=lambda wc, output: os.path.dirname(output.tables),
+        out=lambda wc, output: os.path.dirname(output.norm_loops),
     conda:
         "../envs/loopscale.yaml"
     shell:
@@ -23,22 +28,23 @@ rule aggregate:
 
 
 rule figures:
-    """Figures of the experiment."""
+    """PNG figures of the experiment."""
     input:
-        tables=rules.aggregate.output,
+        tables=rules.aggregate.output.csv,
         summaries=run_files("summary.json"),
         evals=eval_files(),
         code=REPORT_CODE,
     output:
-        figures=directory("results/{exp}/figures"),
+        expand("results/{{exp}}/figures/{figure}.png", figure=FIGURES),
     log:
         "logs/{exp}/figures.log",
     params:
         runs=run_dirs,
+        out=lambda wc, output: os.path.dirname(output[0]),
     conda:
         "../envs/loopscale.yaml"
     shell:
-        "loopscale report figures --runs {params.runs} --out {output.figures} > {log} 2>&1"
+        "loopscale report figures --runs {params.runs} --out {params.out} > {log} 2>&1"
 
 
 rule report:
@@ -53,9 +59,11 @@ rule report:
     log:
         "logs/{exp}/report.log",
     params:
-        results=lambda wc, input: os.path.dirname(input.tables[0]),
+        runs=run_dirs,
+        results=lambda wc, output: os.path.dirname(output.report),
+        figures=lambda wc, input: os.path.dirname(input.figures[0]),
     conda:
         "../envs/loopscale.yaml"
     shell:
-        "loopscale report write --results {params.results} --params {input.params}"
-        " --experiment {wildcards.exp} --out {output.report} > {log} 2>&1"
+        "loopscale report write --runs {params.runs} --results {params.results} --figures {params.figures}"
+        " --params {input.params} --experiment {wildcards.exp} --out {output.report} > {log} 2>&1"
