@@ -80,9 +80,21 @@ def cmd_prepare_data(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from .train import train
+    from .data import DataError
+    from .io import CheckpointError
+    from .train import Preempted, record_failure, train
     cfg = config_from_args(args)
-    summary = train(cfg, args.data, args.out, resume=not args.no_resume, progress=not args.quiet)
+    try:
+        summary = train(cfg, args.data, args.out, resume=not args.no_resume, progress=not args.quiet)
+    except (ConfigError, DataError, CheckpointError, Preempted, KeyboardInterrupt):
+        raise  # the user's to fix, or a preemption to resume: never recorded as a result
+    except Exception as e:
+        if not args.record_failure:
+            raise
+        summary = record_failure(cfg, args.out, e)
+        print(f"loopscale: run failed and was recorded as failed in {args.out}/summary.json: "
+              f"{summary['error']}", file=sys.stderr)
+        return 0
     print(json.dumps({k: summary[k] for k in ("status", "steps", "wall_time_s")}))
     return 0
 
@@ -114,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="run directory")
     p.add_argument("--no-resume", action="store_true", help="ignore an existing state.pt")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.add_argument("--record-failure", action="store_true",
+                   help="on a crash, write summary.json with status 'failed' and exit 0 (pipeline use)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("params", help="print the parameter count")

@@ -90,6 +90,20 @@ def _metrics_upto(path: Path, step: int) -> None:
     atomic_write_text(path, "".join(l + "\n" for l in keep))
 
 
+def record_failure(cfg: RunConfig, out_dir: str | Path, error: BaseException) -> dict:
+    """Mark a run that crashed as failed (summary.json), keeping state.pt for a later retry."""
+    summary = {"status": "failed", "error": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:500],
+               "steps": None, "config_fingerprint": cfg.fingerprint()}
+    state = Path(out_dir) / "state.pt"
+    if state.exists():
+        try:
+            summary["steps"] = load_checkpoint(state)["step"]
+        except CheckpointError:
+            pass
+    atomic_write_json(Path(out_dir) / "summary.json", summary)
+    return summary
+
+
 def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: bool = True,
           progress: bool = True) -> dict:
     """Train one run; returns the summary dict (also written to summary.json)."""
@@ -212,6 +226,7 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
         log.close()
 
     summary = {"status": status, "steps": step, "total_steps": total_steps,
+               "config_fingerprint": cfg.fingerprint(),
                "tokens": step * tc.batch_size * mc.seq_len, "params": model.num_params(),
                "wall_time_s": elapsed_before + time.time() - t0, "device": str(device)}
     if status == "diverged":
