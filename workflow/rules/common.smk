@@ -46,6 +46,7 @@ EVAL_CODE = code(
 REPORT_CODE = sorted(
     os.path.join(d, f) for d, _, files in os.walk(os.path.join("src", "loopscale", "report")) for f in files if f.endswith(".py")
 )
+UNEVALUATED = os.path.join(workflow.basedir, "workflow", "scripts", "unevaluated.py")
 DATA_FILES = ["tokenizer.json", "train.bin", "validation.bin", "test.bin", "meta.json"]
 
 

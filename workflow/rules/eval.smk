@@ -2,7 +2,10 @@
 # one job per other diagnostic (rule diagnostic). Inputs: the run's summary.json (the
 # training job's output), its config.yaml (its eval settings are passed with --set, so an
 # edited eval setting reruns the evaluations, not training) and the evaluation code.
-# A diverged or failed run yields a JSON with status != "ok" without evaluating.
+# A diverged run yields a JSON with status "diverged" without evaluating (loopscale eval);
+# a failed run (summary.json status "failed", no model.pt) one with status "failed"
+# (workflow/scripts/unevaluated.py), so `--keep-going` is not even needed for it.
+# OMP_NUM_THREADS follows the job's threads (no oversubscription, same numbers on any host).
 
 
 rule depth_eval:
@@ -20,14 +23,23 @@ rule depth_eval:
         run=run_dir_of,
         data=data_dir_of,
         sets=eval_sets,
+        python=sys.executable,
+        unevaluated=UNEVALUATED,
     threads: job_threads
     resources:
         gpu=EXP.gpu,
     conda:
         "../envs/loopscale.yaml"
     shell:
-        "loopscale eval depth --model {params.run}/model.pt --data {params.data} --out {output.result} -q"
-        " {params.sets} > {log} 2>&1"
+        """
+        exec > {log} 2>&1
+        if ! grep -q '"status": *"failed"' {input.summary}; then
+            OMP_NUM_THREADS={threads} loopscale eval depth --model {params.run}/model.pt --data {params.data} \
+                --out {output.result} -q {params.sets}
+        else
+            {params.python} {params.unevaluated} depth {input.summary} {output.result}
+        fi
+        """
 
 
 rule diagnostic:
@@ -45,11 +57,20 @@ rule diagnostic:
         run=run_dir_of,
         data=data_dir_of,
         sets=eval_sets,
+        python=sys.executable,
+        unevaluated=UNEVALUATED,
     threads: job_threads
     resources:
         gpu=EXP.gpu,
     conda:
         "../envs/loopscale.yaml"
     shell:
-        "loopscale eval {wildcards.diag} --model {params.run}/model.pt --data {params.data}"
-        " --out {output.result} -q {params.sets} > {log} 2>&1"
+        """
+        exec > {log} 2>&1
+        if ! grep -q '"status": *"failed"' {input.summary}; then
+            OMP_NUM_THREADS={threads} loopscale eval {wildcards.diag} --model {params.run}/model.pt \
+                --data {params.data} --out {output.result} -q {params.sets}
+        else
+            {params.python} {params.unevaluated} {wildcards.diag} {input.summary} {output.result}
+        fi
+        """

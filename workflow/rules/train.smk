@@ -3,7 +3,7 @@
 # Input: RUN/train-config.yaml (the resolved config minus eval settings, written by
 # common.smk), so a changed setting retrains exactly the runs it changes while an eval
 # setting reruns only the evaluations. The job trains from RUN/config.yaml (the same
-# settings plus eval), so model.pt carries the full config.
+# settings plus eval; deliberately not an input), so model.pt carries the full config.
 #
 # Only summary.json is declared as output: it is the one file every outcome writes
 # (completed | diverged | failed, thanks to --record-failure). model.pt, metrics.jsonl and
@@ -16,7 +16,6 @@ rule train:
     """Train one run; a crash is recorded as status "failed" in summary.json (exit 0)."""
     input:
         config="runs/{exp}/{size}/{cond}/seed{seed}/train-config.yaml",
-        full_config="runs/{exp}/{size}/{cond}/seed{seed}/config.yaml",
         data=data_inputs,
         code=TRAIN_CODE,
     output:
@@ -25,6 +24,7 @@ rule train:
         "logs/{exp}/{size}/{cond}/seed{seed}/train.log",
     params:
         run=run_dir_of,
+        full_config=lambda wc, input: os.path.join(os.path.dirname(input.config), "config.yaml"),
         data=data_dir_of,
         python=sys.executable,
     threads: job_threads
@@ -36,7 +36,7 @@ rule train:
         """
         exec > {log} 2>&1
         if [ -e {params.run}/state.pt ]; then
-            {params.python} -m loopscale.pipeline drop-stale-state {params.run} {input.full_config}
+            {params.python} -m loopscale.pipeline drop-stale-state {params.run} {params.full_config}
         fi
-        loopscale train --config {input.full_config} --data {params.data} --out {params.run} -q --record-failure
+        loopscale train --config {params.full_config} --data {params.data} --out {params.run} -q --record-failure
         """
