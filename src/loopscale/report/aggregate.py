@@ -228,14 +228,22 @@ def _excluded_note(groups: list[Group]) -> str:
 
 
 def _missing_note(groups: list[Group], diag: str) -> str:
-    miss = []
+    miss, n_used, n_miss = [], 0, 0
     for g in groups:
+        by_status: dict = {}
         for r in g.used:
+            n_used += 1
             st = r.diag_status(diag)
             if st != "ok":
-                miss.append(f"{g.cond.label} [{g.size.label}] seed {r.seed} ({st})")
+                n_miss += 1
+                by_status.setdefault(st, []).append(str(r.seed))
+        for st, seeds in by_status.items():
+            miss.append(f"{g.cond.label} [{g.size.label}] seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)} ({st})")
     if not miss:
         return ""
+    if n_miss == n_used and len({m.rsplit('(', 1)[1] for m in miss}) == 1:
+        st = miss[0].rsplit("(", 1)[1].rstrip(")")
+        return f"eval/{diag}.json is {st} for all {n_used} completed runs: the diagnostic was not run (cells empty).\n"
     return f"Completed runs without a usable eval/{diag}.json (cells empty, n lower): " + "; ".join(miss) + ".\n"
 
 
@@ -345,8 +353,16 @@ def depth_table(groups: list[Group]) -> Table:
             md += "\nThroughput of teacher-forced evaluation at depth k (tokens/s; k loops + one readout):\n\n"
             md += md_table(["Condition", "n"] + [f"k={k}" + (" (K)" if k == K else "") for k in range(1, kmax_tp + 1)],
                            tp_rows)
-    md += _notes("\nmean ± std over seeds. Paper (129M, K=4): throughput 80k/41k/28k/21k tok/s at k=1..4 "
-                 "(L40S); exit PPLs in the claims table.\n",
+    md += "\nPaper reference (DESIGN §1; 129M, K=4, three-seed means, PPL over the paper's regex tokens):\n\n"
+    md += md_table(["Condition", "k=1", "k=2", "k=3", "k=4"],
+                   [[f"per-loop CE + {c}", *(f"{v:.2f}" for v in ppl)] for c, ppl in
+                    (("RMSNorm readout", paper.PPL_129M[("rmsnorm", "per_loop", "none", "residual")]),
+                     ("raw readout", paper.PPL_129M[("raw", "per_loop", "none", "residual")]),
+                     ("final-only norm", paper.PPL_129M[("final_norm", "per_loop", "none", "residual")]),
+                     ("RMSNorm readout + norm penalty", paper.PPL_129M[("rmsnorm", "per_loop", "norm_penalty",
+                                                                         "residual")]))] +
+                   [["throughput (tokens/s, L40S)", *(f"{v:,}" for v in paper.THROUGHPUT_129M)]])
+    md += _notes("\nmean ± std over seeds.\n",
                  _missing_note(groups, "depth"), _missing_note(groups, "throughput"), _excluded_note(groups))
     return Table("depth", "Depth: PPL per exit, under extrapolated depth, and throughput", pd.DataFrame(rows), md)
 

@@ -247,6 +247,8 @@ def claim_radial(t: dict) -> ClaimResult:
     ok = inv_max <= RADIAL_INVISIBLE_MAX and min(vis_means) >= RADIAL_VISIBLE_MIN
     ours = (f"scale-invariant max {num(inv_max, 'sci')} ({len(inv)} condition(s)); raw mean "
             + ", ".join(f"{num(m, 'sci')} ({s.cond.label})" for s, m in zip(vis, vis_means)))
+    if miss_i or miss_v:
+        ours += " (not run: " + "; ".join(miss_i + miss_v) + ")"
     return ClaimResult(cid, claim, p, ours, REPRODUCED if ok else NOT_REPRODUCED, rule)
 
 
@@ -285,7 +287,7 @@ def claim_scale_control(t: dict) -> ClaimResult:
         return _not_run(cid, claim, p, rule, missing)
     ok = all(s.ppl_K <= (1 - PPL_GAIN_MIN) * ref.ppl_K for s in got)
     ours = f"RMSNorm {num(ref.ppl_K)} vs " + ", ".join(
-        f"{s.cond.label}: {num(s.ppl_K)} ({num(s.ppl_K / ref.ppl_K - 1, 'pct')})" for s in got)
+        f"{s.cond.label}: {num(s.ppl_K)} ({num(s.ppl_K / ref.ppl_K - 1, 'spct')})" for s in got)
     if missing:
         ours += " (not run: " + "; ".join(missing) + ")"
     return ClaimResult(cid, claim, p, ours, REPRODUCED if ok else NOT_REPRODUCED, rule)

@@ -17,6 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from .aggregate import (Group, depth_curve, exits, final_exit, group_runs, lemma_loops, norm_histogram, norm_loops,
                         radial_loops, stats, throughput_curve, training_norms)
@@ -71,13 +72,20 @@ plt.rcParams.update({"font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10
 # ---------------------------------------------------------------------------
 # plumbing
 # ---------------------------------------------------------------------------
+_LEGEND_W = 3.4  # inches of figure width for the legend on the right
+
+
+def _int_ticks(ax) -> None:
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
 def _panels(groups: list[Group], width: float = 5.6, height: float = 4.2):
     sizes = []
     for g in groups:
         if g.size not in sizes:
             sizes.append(g.size)
     n = max(1, len(sizes))
-    fig, axes = plt.subplots(1, n, figsize=(width * n + (2.8 if n else 0), height), squeeze=False)
+    fig, axes = plt.subplots(1, n, figsize=(width * n + _LEGEND_W, height), squeeze=False, layout="constrained")
     return fig, list(axes[0]), sizes
 
 
@@ -91,7 +99,7 @@ def _legend(fig, groups: list[Group], extra: Optional[list] = None) -> None:
         handles.append(Line2D([], [], color=colour(g.cond), ls=linestyle(g.cond), marker=marker(g.cond), label=lab))
     handles += extra or []
     if handles:
-        fig.legend(handles=handles, loc="center left", bbox_to_anchor=(1.0, 0.5), frameon=False)
+        fig.legend(handles=handles, loc="outside right center", frameon=False)
 
 
 def _save(fig, path: Path) -> Path:
@@ -156,7 +164,7 @@ def fig_norm_per_loop(groups: list[Group], path: Path) -> Path:
                 vals += m
         if vals:
             ax.set_yscale("log")
-            ax.set_xticks(range(1, size.n_loops + 1))
+            ax.set_xticks(range(1, size.n_loops + 1)) if size.n_loops <= 16 else _int_ticks(ax)
         else:
             _empty(ax, "norms")
         ax.set_title(f"‖H_k‖ per loop — {size.label}")
@@ -214,11 +222,12 @@ def fig_ppl_depth(groups: list[Group], path: Path) -> Path:
             _set_log(ax, "y", vals)
         else:
             _empty(ax, "depth")
+        _int_ticks(ax)
         ax.set_title(f"Validation PPL vs depth — {size.label}")
         ax.set_xlabel("loops k (final readout; k > K_train extrapolated)")
         ax.set_ylabel("validation perplexity")
-    _legend(fig, groups, [Line2D([], [], color="0.3", ls=":", marker="^", mfc="none",
-                                 label="final-only norm: exits k<K (raw readout)")])
+    extra = [Line2D([], [], color="0.3", ls=":", marker="^", mfc="none", label="final-only norm: exits k<K (raw readout)")]
+    _legend(fig, groups, extra if any(g.cond.readout == "final_norm" and g.used for g in groups) else None)
     return _save(fig, path)
 
 
@@ -318,7 +327,7 @@ def fig_lemma(groups: list[Group], path: Path) -> Path:
         if g.size not in sizes:
             sizes.append(g.size)
     n = max(1, len(sizes))
-    fig, axes = plt.subplots(n, 3, figsize=(16.5, 4.2 * n), squeeze=False)
+    fig, axes = plt.subplots(n, 3, figsize=(15.5 + _LEGEND_W, 4.2 * n), squeeze=False, layout="constrained")
     for row, size in zip(axes, sizes or [None]):
         ax_s, ax_u, ax_p = row
         any_ = False
@@ -336,14 +345,15 @@ def fig_lemma(groups: list[Group], path: Path) -> Path:
             ax.set_yscale("log")
             if size is not None:
                 ax.axvline(size.n_loops, color="0.2", ls=":", lw=1)
-        ax_s.set_title(f"Scale s_k = ‖H_k‖ — {lab}")
+        ax_s.set_title(f"{lab}\nscale s_k = ‖H_k‖ (grows)")
         ax_s.set_ylabel("mean per-token s_k (log scale)")
-        ax_u.set_title(f"Angular update ‖u_(k+1) − u_k‖ — {lab}")
+        ax_u.set_title(f"{lab}\nangular update ‖u_(k+1) − u_k‖ (falls ~1/s)")
         ax_u.set_ylabel("mean ‖u_(k+1) − u_k‖ (log scale)")
-        ax_p.set_title(f"Angular update × scale (flat = Lemma 2) — {lab}")
+        ax_p.set_title(f"{lab}\nangular update × scale (flat = Lemma 2)")
         ax_p.set_ylabel("mean ‖u_(k+1) − u_k‖ · s_k (log scale)")
         for ax in (ax_s, ax_u, ax_p):
             ax.set_xlabel("loop k (dotted: K_train)")
+            _int_ticks(ax)
     _legend(fig, groups)
     return _save(fig, path)
 

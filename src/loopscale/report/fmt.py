@@ -43,6 +43,8 @@ def num(x, kind: str = "auto", decimals: Optional[int] = -1) -> str:
         return "0" if x == 0 else f"{x:.1e}"
     if kind == "pct":
         return f"{100 * x:.1f}%"
+    if kind == "spct":
+        return f"{100 * x:+.1f}%"
     if kind == "ratio":
         return f"{x:.2f}×" if abs(x) < 1000 else f"{x:.2e}×"
     if x == 0:

@@ -255,7 +255,7 @@ def load_run(path: str | os.PathLike) -> Run:
     summary = summary if isinstance(summary, dict) else {}
     status = summary.get("status")
     if not summary:
-        status, note = "failed", "failed: no summary.json"
+        status, note = "failed", "failed: no summary.json (crashed or never finished)"
     elif status == "completed":
         note = "completed"
     elif status == "diverged":

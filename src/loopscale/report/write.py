@@ -41,7 +41,7 @@ def _uniq(values) -> str:
     c = Counter(vals)
     if len(c) == 1:
         return vals[0]
-    return ", ".join(f"{v} ({n} runs)" for v, n in sorted(c.items()))
+    return ", ".join(f"{v} ({n} run{'s' if n > 1 else ''})" for v, n in sorted(c.items()))
 
 
 def _duration(s: float) -> str:
@@ -50,6 +50,18 @@ def _duration(s: float) -> str:
     h, rem = divmod(int(round(s)), 3600)
     m, sec = divmod(rem, 60)
     return f"{h} h {m:02d} min {sec:02d} s" if h else f"{m} min {sec:02d} s"
+
+
+def _precision(r: Run) -> str:
+    """Training precision as used (train.precision=auto is bf16 autocast on CUDA, fp32 elsewhere)."""
+    p = r.cfg("train", "precision")
+    dev = str(r.summary.get("device") or r.env.get("device") or "")
+    if p == "auto":
+        p = "bf16 autocast" if dev.startswith("cuda") else "fp32"
+    elif p == "bf16":
+        p = "bf16 autocast"
+    gpu = r.env.get("gpu")
+    return f"{p} on {dev or '?'}" + (f" ({gpu})" if gpu else "")
 
 
 def _infer_preset(run: Run) -> Optional[str]:
@@ -105,7 +117,7 @@ def what_was_run(runs: list[Run], experiment: str, params: dict) -> str:
         if r.summary.get("total_steps") else
         (f"max_steps {r.cfg('train', 'max_steps')}" if r.cfg("train", "max_steps") else
          f"{r.cfg('train', 'epochs')} epochs") for r in runs)])
-    rows.append(["Precision", _uniq(r.cfg("train", "precision") for r in runs)])
+    rows.append(["Precision", _uniq(_precision(r) for r in runs)])
     rows.append(["Device", _uniq(r.summary.get("device") or r.env.get("device") for r in runs)])
     gpus = [r.env.get("gpu") for r in runs if r.env.get("gpu")]
     if gpus:
@@ -151,8 +163,7 @@ def differences(runs: list[Run]) -> str:
          ours(lambda r: f"{r.summary.get('total_steps') or r.cfg('train', 'max_steps')} steps (stride "
                         f"{r.cfg('train', 'stride')})")],
         ["Dropout", str(default["model"]["dropout"]), ours(m("dropout"))],
-        ["Precision", "bf16 autocast (fp32 weights) on an L40S", ours(lambda r: f"{r.cfg('train', 'precision')} on "
-                                                                              f"{r.summary.get('device') or r.env.get('device')}")],
+        ["Precision", "bf16 autocast (fp32 weights) on an L40S", ours(_precision)],
         ["Seeds per condition", "3 (42, 101, 202)",
          _uniq(f"{len(g.runs)} ({', '.join(str(r.seed) for r in g.runs)})" for g in group_runs(runs))],
     ]
