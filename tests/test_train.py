@@ -1,0 +1,114 @@
+"""Training: logs, checkpoints, resume, determinism, provenance, divergence."""
+import json
+
+import pytest
+import torch
+
+from loopscale.config import preset
+from loopscale.evaluate import load_model
+from loopscale.train import train
+
+
+def cfg(**train_kw):
+    # dropout on, so resuming must restore the RNG too
+    return preset("smoke", {"model": {"dropout": 0.1}, "train": {"max_steps": 24, "log_every": 4,
+                                                                  "ckpt_every": 8, **train_kw}})
+
+
+def losses(run_dir):
+    lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [(r["step"], r["loss"], r["ce"], r["norm"]) for r in lines if "loss" in r]
+
+
+def test_run_writes_its_files_and_provenance(smoke_data, tmp_path):
+    s = train(cfg(), smoke_data, tmp_path / "run", progress=False)
+    assert s["status"] == "completed" and s["steps"] == 24
+    run = tmp_path / "run"
+    assert {p.name for p in run.iterdir()} >= {"config.json", "metrics.jsonl", "model.pt", "summary.json"}
+    assert not (run / "state.pt").exists()  # resumable state is dropped once finished
+    info = json.loads((run / "config.json").read_text())
+    assert info["config"]["model"]["dropout"] == 0.1
+    for key in ("loopscale", "git_commit", "torch", "device"):
+        assert key in info["env"]
+    rec = losses(run)
+    assert [r[0] for r in rec] == [4, 8, 12, 16, 20, 24]
+    assert all(len(r[2]) == 3 and len(r[3]) == 3 for r in rec)  # CE and norm of every loop
+    assert len(s["validation"]["val_ce"]) == 3
+    model, loaded, _ = load_model(run / "model.pt")
+    assert loaded.to_dict() == cfg().to_dict()
+
+
+def test_same_seed_same_result(smoke_data, tmp_path):
+    train(cfg(), smoke_data, tmp_path / "a", progress=False)
+    train(cfg(), smoke_data, tmp_path / "b", progress=False)
+    assert losses(tmp_path / "a") == losses(tmp_path / "b")
+    c = train(cfg(seed=7), smoke_data, tmp_path / "c", progress=False)
+    assert losses(tmp_path / "c") != losses(tmp_path / "a") and c["status"] == "completed"
+
+
+def test_stop_and_resume_equals_uninterrupted(smoke_data, tmp_path):
+    full = tmp_path / "full"
+    train(cfg(), smoke_data, full, progress=False)
+    part = tmp_path / "part"
+    # a first job that ends early (as if killed right after its step-16 checkpoint) ...
+    train(cfg(max_steps=16, ckpt_every=8), smoke_data, part, progress=False)
+    state = torch.load(part / "model.pt", weights_only=True)
+    assert state["step"] == 16
+    # ... whose state is then picked up: re-create the resumable state from a killed run
+    killed = tmp_path / "killed"
+    from loopscale import train as T
+    orig = T.atomic_torch_save
+    calls = []
+
+    def crash_after_second_checkpoint(path, obj):
+        orig(path, obj)
+        if path.name == "state.pt":
+            calls.append(obj["step"])
+            if len(calls) == 2:
+                raise KeyboardInterrupt  # a hard stop right after the step-16 checkpoint
+    T.atomic_torch_save = crash_after_second_checkpoint
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train(cfg(), smoke_data, killed, progress=False)
+    finally:
+        T.atomic_torch_save = orig
+    assert calls == [8, 16] and (killed / "state.pt").exists()
+    train(cfg(), smoke_data, killed, progress=False)
+    assert losses(killed) == losses(full)
+    a, b = torch.load(full / "model.pt", weights_only=True), torch.load(killed / "model.pt", weights_only=True)
+    for k in a["model"]:
+        assert torch.equal(a["model"][k], b["model"][k]), k
+
+
+def test_resume_refuses_a_different_config(smoke_data, tmp_path):
+    from loopscale import train as T
+    from loopscale.io import CheckpointError
+    run = tmp_path / "run"
+    orig = T.atomic_torch_save
+
+    def stop(path, obj):
+        orig(path, obj)
+        if path.name == "state.pt":
+            raise KeyboardInterrupt
+    T.atomic_torch_save = stop
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train(cfg(), smoke_data, run, progress=False)
+    finally:
+        T.atomic_torch_save = orig
+    with pytest.raises(CheckpointError, match="different config"):
+        train(preset("smoke", {"model": {"dropout": 0.1, "readout": "raw"},
+                               "train": {"max_steps": 24, "log_every": 4, "ckpt_every": 8}}),
+              smoke_data, run, progress=False)
+
+
+def test_absurd_learning_rate_is_recorded_as_diverged(smoke_data, tmp_path):
+    s = train(cfg(lr=1e6, max_steps=60), smoke_data, tmp_path / "run", progress=False)
+    assert s["status"] == "diverged"
+    assert 1 <= s["diverged_at_step"] <= 60
+    saved = torch.load(tmp_path / "run" / "model.pt", weights_only=True)
+    assert saved["status"] == "diverged"
+    assert all(torch.isfinite(v).all() for v in saved["model"].values())  # the diverged update never landed
+    for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines():
+        rec = json.loads(line)
+        assert all(map(lambda v: v == v and abs(v) != float("inf"), rec.get("ce", []) + [rec.get("loss", 0)]))
