@@ -428,17 +428,13 @@ def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True)
       ``splits`` (documents, characters, text sha256 per split), ``source_sha256`` (of the split
       texts), ``tokenizer_sha256`` (of tokenizer.json), ``data_config``, ``loopscale_version``.
 
-    An existing ``meta.json`` is removed first and the new one written last. Raises
+    Bad input fails before anything is written; then an existing ``meta.json`` is removed
+    first and the new one written last. Raises
     `DataError` for a vocabulary over 65,535, an empty corpus or an empty train or
     validation split. The output is byte-for-byte deterministic for a given config and corpus.
     """
     _check_vocab_setting(cfg)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    # meta.json is written last: without it the directory reads as "not prepared", so a run
-    # that fails half-way never leaves a new tokenizer beside old token files looking valid.
-    (out / "meta.json").unlink(missing_ok=True)
-
     corpus = load_corpus(cfg)
     texts = {s: join_documents(corpus.get(s, [])) for s in SPLITS}
     if not any(texts.values()):
@@ -450,6 +446,12 @@ def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True)
 
     tok = fit_tokenizer(cfg, corpus, show_progress=show_progress)
     tok_json = tok.to_str(pretty=True).encode("utf-8")
+    # Nothing is touched until the corpus has loaded and the tokenizer is fitted, so bad input
+    # leaves a prepared directory as it was. From here meta.json is removed first and written
+    # last: without it the directory reads as "not prepared", so a run that fails half-way
+    # never leaves a new tokenizer beside old token files looking valid.
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "meta.json").unlink(missing_ok=True)
     _write_atomic(out, "tokenizer.json", tok_json)
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
 

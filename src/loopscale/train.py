@@ -104,6 +104,18 @@ def record_failure(cfg: RunConfig, out_dir: str | Path, error: BaseException) ->
     return summary
 
 
+def _finished_summary(out: Path, cfg: RunConfig) -> dict | None:
+    """The summary of a finished run of this very config in `out`, if there is one."""
+    try:
+        summary = json.loads((out / "summary.json").read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if (summary.get("status") in ("completed", "diverged") and (out / "model.pt").exists()
+            and summary.get("config_fingerprint") == cfg.fingerprint()):
+        return summary
+    return None
+
+
 def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: bool = True,
           progress: bool = True) -> dict:
     """Train one run; returns the summary dict (also written to summary.json)."""
@@ -135,6 +147,9 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
     fwd = torch.compile(model) if tc.compile else model
 
     state_path, metrics_path = out / "state.pt", out / "metrics.jsonl"
+    done = _finished_summary(out, cfg)
+    if resume and done is not None:  # this exact run is already trained: keep it untouched
+        return done
     step, elapsed_before = 0, 0.0
     if resume and state_path.exists():
         ck = load_checkpoint(state_path, map_location=device)
