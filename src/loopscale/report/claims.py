@@ -26,7 +26,7 @@ Rules (d = model width, √d = norm of an N(0,1) embedding row, the paper's init
  (f) scale control    every present scale-controlled per-loop variant of the paper (raw readout,
                       final-only norm, RMSNorm + norm penalty) has final-exit PPL
                       ≤ (1 − PPL_GAIN_MIN) × PPL of per-loop CE + RMSNorm at the same K
- (g) clamp            on per-loop CE + RMSNorm, max over the clamps of |ΔCE| at exit K
+ (g) clamp            on per-loop CE + RMSNorm, max over the clamps of the seed mean of |ΔCE| at exit K
                       ≤ max(CLAMP_GAP_FRACTION × |CE_K(per-loop RMSNorm) − CE_K(per-loop raw)|, CLAMP_FLOOR_NATS)
                       (only the floor when the raw condition is absent)
 """
@@ -80,7 +80,7 @@ class CondStats:
     ce_K: float = math.nan
     exit_ppl: list = field(default_factory=list)  # seed-mean PPL per exit k=1..K
     radial: list = field(default_factory=list)  # seed-mean radial fraction per exit k=1..K
-    clamp_dce: dict = field(default_factory=dict)  # clamp mode -> seed-mean ΔCE at exit K
+    clamp_dce: dict = field(default_factory=dict)  # clamp mode -> seed mean of |ΔCE| at exit K
 
 
 @dataclass
@@ -115,7 +115,8 @@ def condition_stats(g: Group) -> CondStats:
             if mode == "none" or not rows:
                 continue
             last = max(rows, key=lambda x: x.get("k", 0))
-            dce.setdefault(mode, []).append(last.get("delta_ce"))
+            v = last.get("delta_ce")
+            dce.setdefault(mode, []).append(abs(v) if finite(v) else v)  # |ΔCE| per seed: no cancellation
     return CondStats(cond=g.cond, n=len(used), n_runs=len(g.runs), d_model=g.d_model, K=g.K, runs_text=g.runs_text(),
                      norm_K=stats(f["norm"] for f in fe)[0], ppl_K=stats(f["ppl"] for f in fe)[0],
                      ce_K=stats(f["ce"] for f in fe)[0],
@@ -296,7 +297,8 @@ def claim_scale_control(t: dict) -> ClaimResult:
 def claim_clamp(t: dict) -> ClaimResult:
     cid, claim = "g", "Clamping the scale of the drifting model barely changes CE"
     p = "clamping the scale of a trained model changes CE very little"
-    rule = (f"on per-loop CE + RMSNorm, max over clamps of |ΔCE| at exit K ≤ max({CLAMP_GAP_FRACTION:g} × "
+    rule = (f"on per-loop CE + RMSNorm, max over clamps (remove_radial, freeze_loop1) of the seed mean of |ΔCE| "
+            f"at exit K ≤ max({CLAMP_GAP_FRACTION:g} × "
             f"|CE_K(per-loop RMSNorm) − CE_K(per-loop raw)|, {CLAMP_FLOOR_NATS:g} nats)")
     try:
         a = _get(t, PER_LOOP_RMS, "clamp")
@@ -311,7 +313,7 @@ def claim_clamp(t: dict) -> ClaimResult:
         pass
     thr = max(CLAMP_GAP_FRACTION * gap, CLAMP_FLOOR_NATS) if finite(gap) else CLAMP_FLOOR_NATS
     worst = max(abs(v) for v in a.clamp_dce.values() if finite(v))
-    ours = (", ".join(f"{m} ΔCE {v:+.4f}" for m, v in a.clamp_dce.items() if finite(v)) +
+    ours = (", ".join(f"{m} |ΔCE| {v:.4f}" for m, v in a.clamp_dce.items() if finite(v)) +
             f" nats; threshold {thr:.4f} nats" +
             (f" (CE gap to raw {gap:.4f})" if finite(gap) else " (raw condition absent: floor only)"))
     return ClaimResult(cid, claim, p, ours, REPRODUCED if worst <= thr else NOT_REPRODUCED, rule)

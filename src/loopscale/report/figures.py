@@ -17,7 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter  # noqa: E402
 
 from .aggregate import (Group, depth_curve, exits, final_exit, group_runs, lemma_loops, norm_histogram, norm_loops,
                         radial_loops, stats, throughput_curve, training_norms)
@@ -142,11 +142,55 @@ def _positive(v) -> bool:
     return finite(v) and v > 0
 
 
+def _tick_plain(v: float, _pos=None) -> str:
+    if v <= 0:
+        return ""
+    return f"{v:g}" if 1e-3 <= v < 1e6 else _tick_power(v)
+
+
+def _tick_power(v: float, _pos=None) -> str:
+    if v <= 0:
+        return ""
+    e = math.floor(math.log10(v) + 1e-9)
+    m = v / 10 ** e
+    return f"$10^{{{e}}}$" if abs(m - 1) < 1e-6 else f"${m:g}\\times10^{{{e}}}$"
+
+
+def _log(ax, axis: str, values=None) -> None:
+    """Log scale with readable ticks: 1-2-5 steps with plain labels when the data span few
+    decades, powers of ten otherwise; minor ticks unlabelled."""
+    (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
+    a = ax.yaxis if axis == "y" else ax.xaxis
+    v = [x for x in (values or []) if _positive(x)]
+    span = math.log10(max(v) / min(v)) if v else 99
+    if span <= 2.5:
+        a.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        a.set_major_formatter(FuncFormatter(_tick_plain))
+    else:
+        a.set_major_locator(LogLocator(base=10, numticks=9))
+        a.set_major_formatter(FuncFormatter(_tick_power))
+    a.set_minor_formatter(NullFormatter())
+
+
 def _set_log(ax, axis: str, values) -> None:
     """Log scale when the positive values span more than one decade."""
     v = [x for x in values if _positive(x)]
     if v and max(v) / min(v) > 10:
-        (ax.set_yscale if axis == "y" else ax.set_xscale)("log")
+        _log(ax, axis, v)
+
+
+def _clip_top(ax, values_at_k: list, all_values: list, factor: float = 1e3) -> None:
+    """Cap the y axis at `factor` × the worst value at K_train, so blow-ups far from the
+    trained depth do not flatten everything else; says so on the plot."""
+    ref = [v for v in values_at_k if _positive(v)]
+    top = [v for v in all_values if _positive(v)]
+    if not ref or not top or max(top) <= factor * max(ref):
+        return
+    lo = min(top)
+    cap = factor * max(ref)
+    ax.set_ylim(lo / 1.5, cap)
+    ax.text(0.99, 0.98, f"y clipped at {factor:g}× the worst value at K_train", transform=ax.transAxes,
+            ha="right", va="top", fontsize=7, color="0.35")
 
 
 # ---------------------------------------------------------------------------
@@ -163,7 +207,7 @@ def fig_norm_per_loop(groups: list[Group], path: Path) -> Path:
                 ax.scatter([p[0] for p in pts], [p[1] for p in pts], color=colour(g.cond), s=10, alpha=0.35)
                 vals += m
         if vals:
-            ax.set_yscale("log")
+            _log(ax, "y", vals)
             ax.set_xticks(range(1, size.n_loops + 1)) if size.n_loops <= 16 else _int_ticks(ax)
         else:
             _empty(ax, "norms")
@@ -177,37 +221,41 @@ def fig_norm_per_loop(groups: list[Group], path: Path) -> Path:
 def fig_norm_training(groups: list[Group], path: Path) -> Path:
     fig, axes, sizes = _panels(groups)
     for ax, size in zip(axes, sizes):
-        any_ = False
+        any_, allv = False, []
         for g in (g for g in groups if g.size == size):
             for i, r in enumerate(g.runs):  # diverged runs are drawn too: their curve is informative
                 tr = [(s, v) for s, v in training_norms(r) if _positive(v)]
                 if not tr:
                     continue
                 any_ = True
+                allv += [t[1] for t in tr]
                 ax.plot([t[0] for t in tr], [t[1] for t in tr], color=colour(g.cond), ls=linestyle(g.cond), lw=1.3,
                         alpha=0.9 if r.completed else 0.5)
                 if not r.completed:
                     ax.plot([tr[-1][0]], [tr[-1][1]], marker="x", color=colour(g.cond), ms=8, mew=2)
         if any_:
-            ax.set_yscale("log")
+            _log(ax, "y", allv)
         else:
             _empty(ax, "metrics.jsonl")
         ax.set_title(f"‖H_K‖ during training — {size.label}")
         ax.set_xlabel("training step")
         ax.set_ylabel("‖H_K‖ on the training batch (log scale)")
-    _legend(fig, groups, [Line2D([], [], color="0.3", marker="x", ls="", label="run diverged / failed here")])
+    stopped = any(training_norms(r) for g in groups for r in g.excluded)
+    _legend(fig, groups, [Line2D([], [], color="0.3", marker="x", ls="", label="run diverged / failed here")]
+            if stopped else None)
     return _save(fig, path)
 
 
 def fig_ppl_depth(groups: list[Group], path: Path) -> Path:
     fig, axes, sizes = _panels(groups)
     for ax, size in zip(axes, sizes):
-        vals = []
+        vals, at_k = [], []
         for g in (g for g in groups if g.size == size):
             ks, m, _ = _k_mean(g, depth_curve, "ppl")
             if ks:
                 ax.plot(ks, m, color=colour(g.cond), ls=linestyle(g.cond), marker=marker(g.cond), ms=4, lw=1.6)
                 vals += m
+                at_k += [v for k, v in zip(ks, m) if k == size.n_loops]
             ke, me, _ = _k_mean(g, lambda r: exits(r)[0], "ppl")
             if ke and g.cond.readout == "final_norm":  # its exits k<K use another readout
                 ax.plot(ke, me, color=colour(g.cond), ls=":", marker=marker(g.cond), ms=4, mfc="none", lw=1.2)
@@ -220,6 +268,7 @@ def fig_ppl_depth(groups: list[Group], path: Path) -> Path:
             ax.annotate(f"K_train = {size.n_loops}", (size.n_loops, 1.0), xycoords=("data", "axes fraction"),
                         xytext=(4, -12), textcoords="offset points", fontsize=8, color="0.2")
             _set_log(ax, "y", vals)
+            _clip_top(ax, at_k, vals)
         else:
             _empty(ax, "depth")
         _int_ticks(ax)
@@ -234,7 +283,7 @@ def fig_ppl_depth(groups: list[Group], path: Path) -> Path:
 def fig_frontier(groups: list[Group], path: Path) -> Path:
     fig, axes, sizes = _panels(groups)
     for ax, size in zip(axes, sizes):
-        xs, ys = [], []
+        xs, ys, at_k = [], [], []
         for g in (g for g in groups if g.size == size):
             kp, mp, _ = _k_mean(g, depth_curve, "ppl")
             kt, mt, _ = _k_mean(g, throughput_curve, "tokens_per_s")
@@ -246,12 +295,14 @@ def fig_frontier(groups: list[Group], path: Path) -> Path:
                     marker=marker(g.cond), ms=4, lw=1.4)
             for x, y, k in pts:
                 if k == size.n_loops:
+                    at_k.append(y)
                     ax.plot([x], [y], marker="*", color=colour(g.cond), ms=13, mec="k", mew=0.6)
             xs += [p[0] for p in pts]
             ys += [p[1] for p in pts]
         if xs:
             _set_log(ax, "x", xs)
             _set_log(ax, "y", ys)
+            _clip_top(ax, at_k, ys)
         else:
             _empty(ax, "depth + throughput")
         ax.set_title(f"Compute–quality frontier — {size.label}")
@@ -265,7 +316,7 @@ def fig_radial_vs_norm(groups: list[Group], path: Path) -> Path:
     fig, axes, sizes = _panels(groups)
     floor = 1e-12
     for ax, size in zip(axes, sizes):
-        any_ = False
+        any_, allx = False, []
         for g in (g for g in groups if g.size == size):
             xs, ys = [], []
             for r in g.used:
@@ -278,11 +329,12 @@ def fig_radial_vs_norm(groups: list[Group], path: Path) -> Path:
                 ys.append(max(last["radial_fraction"], floor))
             if xs:
                 any_ = True
+                allx += xs
                 ax.scatter(xs, ys, color=colour(g.cond), marker=marker(g.cond), s=45, edgecolors="k",
                            linewidths=0.5, zorder=3)
         if any_:
-            ax.set_xscale("log")
-            ax.set_yscale("log")
+            _log(ax, "x", allx)
+            _log(ax, "y")
             ax.axhline(1e-6, color="0.3", ls=":", lw=1)
             ax.annotate("1e-6: claim (d) bound", (1.0, 1e-6), xycoords=("axes fraction", "data"), xytext=(-4, 3),
                         textcoords="offset points", ha="right", fontsize=8, color="0.3")
@@ -311,7 +363,7 @@ def fig_norm_histogram(groups: list[Group], path: Path) -> Path:
                 lo, hi = min(lo, edges[0]), max(hi, edges[-1])
         if hi > 0:
             if lo > 0:
-                ax.set_xscale("log")
+                _log(ax, "x", [lo, hi])
         else:
             _empty(ax, "norms histogram")
         ax.set_title(f"Per-token ‖H_K‖ distribution — {size.label}")
@@ -342,7 +394,7 @@ def fig_lemma(groups: list[Group], path: Path) -> Path:
             if not any_:
                 _empty(ax, "lemma")
                 continue
-            ax.set_yscale("log")
+            _log(ax, "y", [y for line in ax.get_lines() for y in line.get_ydata()])
             if size is not None:
                 ax.axvline(size.n_loops, color="0.2", ls=":", lw=1)
         ax_s.set_title(f"{lab}\nscale s_k = ‖H_k‖ (grows)")

@@ -65,6 +65,8 @@ class Condition:
     @property
     def label(self) -> str:
         """The paper's wording: 'per-loop CE + RMSNorm readout', '... + norm penalty', ..."""
+        if self.readout == "?" and self.loss == "?":
+            return "unknown condition (no readable config)"
         parts = [_LOSS_LABEL.get(self.loss, self.loss), _READOUT_LABEL.get(self.readout, self.readout)]
         if self.regularizer == "norm_penalty":
             lam = "" if self.penalty_weight == DEFAULT_PENALTY else f" (λ={self.penalty_weight:g})"
