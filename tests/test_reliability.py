@@ -180,3 +180,18 @@ def test_too_small_training_split_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "too small" in err and len(err.splitlines()) == 1
     assert not (tmp_path / "run" / "model.pt").exists()
+
+
+def test_diverged_run_is_shown_as_diverged_in_the_aggregate(smoke_data, reference, tmp_path):
+    bad = tmp_path / "runs" / "diverged"
+    s = train(preset("smoke", {"model": {"readout": "raw"}, "train": {"lr": 1e6, "max_steps": 40}}),
+              smoke_data, bad, progress=False)
+    assert s["status"] == "diverged"
+    out = tmp_path / "results"
+    assert cli.main(["report", "tables", "--runs", str(reference), str(bad), "--out", str(out)]) == 0
+    import pandas as pd
+    runs = pd.read_csv(out / "runs.csv")
+    assert len(runs) == 2  # the diverged run is listed, not dropped
+    assert runs.astype(str).apply(lambda col: col.str.contains("diverged")).any().any()
+    for cell in runs.select_dtypes("number").to_numpy().ravel():  # no inf written as a number
+        assert cell != float("inf")
