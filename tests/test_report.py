@@ -58,6 +58,11 @@ def make_run(root: Path, readout="rmsnorm", loss="per_loop", regularizer="none",
         else:
             s["error"] = "RuntimeError: boom"
         (d / "summary.json").write_text(json.dumps(s))
+    if status == "diverged":  # the diagnostics of a diverged model only write their header
+        (d / "eval").mkdir()
+        for name in diags:
+            (d / "eval" / f"{name}.json").write_text(json.dumps({"diagnostic": name, "status": "diverged",
+                                                                 "seed": seed}))
     if status != "completed":
         return d
     hdr = {"status": "ok", "seed": seed, "wall_time_s": 1.0,
