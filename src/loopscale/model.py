@@ -86,10 +86,11 @@ class LoopedLM(nn.Module):
             self.apply(_gpt2_init)
 
     # -- the loop ------------------------------------------------------------
-    def forward(self, idx: torch.Tensor, n_loops: int | None = None) -> list[torch.Tensor]:
+    def forward(self, idx: torch.Tensor, n_loops: int | None = None, state_fn=None) -> list[torch.Tensor]:
         """Run the shared stack `n_loops` times (default K) and return [H_1, ..., H_n].
 
-        Each H_k is the state after loop k, before any normalisation."""
+        Each H_k is the state after loop k, before any normalisation. `state_fn(k, x_in, h)`
+        (diagnostics only) may replace loop k's output h, given the loop's input x_in."""
         n_loops = self.cfg.n_loops if n_loops is None else n_loops
         T = idx.shape[1]
         if T > self.cfg.seq_len:
@@ -97,9 +98,12 @@ class LoopedLM(nn.Module):
         pos = torch.arange(T, device=idx.device)
         x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
         states = []
-        for _ in range(n_loops):
+        for k in range(1, n_loops + 1):
+            x_in = x
             for block in self.blocks:
                 x = block(x)
+            if state_fn is not None:
+                x = state_fn(k, x_in, x)          # inference-time interventions (diagnostics)
             states.append(x)                      # H_k: read out from here
             if self.loop_norm is not None:
                 x = self.loop_norm(x)             # inter-loop normalisation: scale leaves the loop

@@ -1,0 +1,586 @@
+"""Evaluation and diagnostics of one trained run (DESIGN §3).
+
+Every diagnostic reads one trained model file (`<run>/model.pt`) and its prepared data
+directory, evaluates on the validation split in fp32 with dropout off, and writes one JSON
+file (atomically). Sizes come from the run's stored `eval` config, overridable per call.
+
+  depth       CE/PPL/‖H_k‖ of every exit k=1..K of a full pass, and of every depth
+              k=1..depth_factor·K read with the final readout (truncated/extended loop)
+  throughput  tokens/s of teacher-forced evaluation at each depth (k loops + one readout)
+  norms       ‖H_k‖ per loop and the per-token distribution (+ histogram) of ‖H_K‖
+  radial      radial gradient fraction cos²(∂CE_k/∂H_k, H_k) per exit (visibility lemma)
+  lemma       radial increment, angular update and their product over many loops (activity lemma)
+  clamp       inference-time scale clamps (remove_radial, freeze_loop1): ΔCE, relative PPL
+  halting     calibrated post-hoc exit policies and the real dynamic-depth speed-up (halting.py)
+
+Command line: `loopscale eval <diagnostic> --model RUN/model.pt --data DATA --out FILE.json`
+(and `loopscale eval all ... --outdir DIR`). Definitions: docs/diagnostics.md.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from . import data as D
+from .config import ConfigError, EvalConfig, RunConfig, merge, parse_overrides
+from .evaluate import exit_losses, load_model, resolve_device
+from .io import CheckpointError, atomic_write_json
+from .model import LoopedLM, flops_per_token
+from .objective import linear_cross_entropy
+
+DIAGNOSTICS = ("depth", "throughput", "norms", "radial", "lemma", "clamp", "halting")
+CLAMP_MODES = ("none", "remove_radial", "freeze_loop1")
+_TINY = 1e-30  # guards divisions by a zero norm (never hit by real states)
+
+
+# ---------------------------------------------------------------------------
+# one run, opened for evaluation
+# ---------------------------------------------------------------------------
+@dataclass
+class EvalRun:
+    """A trained model with everything a diagnostic needs."""
+    model: LoopedLM
+    cfg: RunConfig  # the run's config, with the eval overrides applied
+    ecfg: EvalConfig
+    tokens: Optional[np.ndarray]  # validation split (None for a diverged model)
+    device: torch.device
+    step: Optional[int]
+    status: str  # "ok" | "diverged"
+    model_path: Path
+    data_dir: Path
+    progress: bool = True
+
+    @property
+    def K(self) -> int:
+        return self.cfg.model.n_loops
+
+    @property
+    def seq_len(self) -> int:
+        return self.cfg.model.seq_len
+
+
+def eval_config(cfg: RunConfig, overrides: Optional[list[str]] = None) -> RunConfig:
+    """The run's config with `--set eval.key=value` overrides applied (eval keys only)."""
+    if not overrides:
+        return cfg
+    upd = parse_overrides(overrides)
+    bad = [k for k in upd if k != "eval"]
+    if bad:
+        raise ConfigError(f"--set {bad[0]}.…: diagnostics only take eval.* overrides "
+                          f"(the model's other settings are fixed by training)")
+    d = merge(cfg.to_dict(), upd, "override")
+    cfg = RunConfig.from_dict(d)
+    _check_eval(cfg.eval)
+    return cfg
+
+
+def _check_eval(e: EvalConfig) -> None:
+    checks = {"eval.depth_factor": e.depth_factor >= 1, "eval.lemma_loops": e.lemma_loops >= 2,
+              "eval.throughput_batches": e.throughput_batches >= 1, "eval.throughput_warmup": e.throughput_warmup >= 0,
+              "eval.max_tokens": e.max_tokens >= 0, "eval.halting_epsilon": e.halting_epsilon >= 0}
+    for key in ("norm_tokens", "radial_tokens", "lemma_tokens", "clamp_tokens", "halting_tokens"):
+        checks[f"eval.{key}"] = getattr(e, key) > 0
+    for key, ok in checks.items():
+        if not ok:
+            raise ConfigError(f"{key}: invalid value {getattr(e, key.split('.')[1])!r} "
+                              f"(depth_factor >= 1, lemma_loops >= 2, token counts > 0, epsilon >= 0)")
+
+
+def check_data_matches(cfg: RunConfig, meta: dict, model_path, data_dir) -> None:
+    """Refuse a data directory that is not the one the run was trained on (one-line error)."""
+    trained_on = None
+    run_cfg = Path(model_path).parent / "config.json"  # written by train.py beside model.pt
+    if run_cfg.is_file():
+        try:
+            trained_on = json.loads(run_cfg.read_text()).get("data") or None
+        except (json.JSONDecodeError, OSError, AttributeError):
+            trained_on = None
+    here = meta.get("vocab_size")
+    ours = (trained_on or {}).get("vocab_size")
+    if ours is None or here is None:  # no record of the run's data: compare the settings
+        ours = cfg.data.vocab_size
+        here = (meta.get("data_config") or {}).get("vocab_size", here)
+    if here is not None and ours is not None and int(here) != int(ours):
+        raise CheckpointError(f"checkpoint {model_path} was trained on vocabulary {ours} but data dir {data_dir} "
+                              f"has {here}: evaluate with the run's own data")
+    if meta.get("vocab_size") is not None and int(meta["vocab_size"]) > cfg.model.vocab_size:
+        raise CheckpointError(f"checkpoint {model_path} has an embedding for {cfg.model.vocab_size} tokens but data dir "
+                              f"{data_dir} uses {meta['vocab_size']}: evaluate with the run's own data")
+    if meta.get("tokenizer") and meta["tokenizer"] != cfg.data.tokenizer:
+        raise CheckpointError(f"checkpoint {model_path} was trained with the {cfg.data.tokenizer} tokenizer but data dir "
+                              f"{data_dir} uses {meta['tokenizer']}: evaluate with the run's own data")
+    for key in ("tokenizer_sha256", "tokenizer_fingerprint"):
+        a, b = (trained_on or {}).get(key), meta.get(key)
+        if a and b and a != b:
+            raise CheckpointError(f"checkpoint {model_path} was trained with another tokenizer than data dir "
+                                  f"{data_dir} ({key} {a[:12]} vs {b[:12]}): evaluate with the run's own data")
+
+
+def open_run(model_path, data_dir, overrides: Optional[list[str]] = None, device: Optional[str] = None,
+             progress: bool = True) -> EvalRun:
+    """Load a model file and the validation split of its data dir for evaluation.
+
+    Raises CheckpointError (missing/corrupt model file, data of another run), DataError
+    (missing data, a validation split shorter than one window) or ConfigError (bad override)."""
+    model_path, data_dir = Path(model_path), Path(data_dir)
+    if not model_path.is_file():  # before touching the device
+        raise CheckpointError(f"checkpoint {model_path} not found; train the run first (loopscale train)")
+    model, cfg, ckpt = load_model(model_path, device="cpu")
+    cfg = eval_config(cfg, overrides)
+    _check_eval(cfg.eval)
+    try:
+        dev = resolve_device(device or cfg.eval.device)
+    except RuntimeError as e:
+        raise ConfigError(str(e)) from None
+    meta = D.load_meta(data_dir)
+    check_data_matches(cfg, meta, model_path, data_dir)
+    status = "diverged" if ckpt.get("status") == "diverged" else "ok"
+    tokens = None
+    if status == "ok":
+        tokens = D.load_split(data_dir, "validation")
+        if len(tokens) < cfg.model.seq_len + 1:
+            raise D.DataError(f"the validation split of {data_dir} has {len(tokens)} tokens, fewer than one "
+                              f"window of seq_len+1 = {cfg.model.seq_len + 1} of checkpoint {model_path}")
+    model = model.to(dev).float().eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return EvalRun(model=model, cfg=cfg, ecfg=cfg.eval, tokens=tokens, device=dev, step=ckpt.get("step"),
+                   status=status, model_path=model_path, data_dir=data_dir, progress=progress)
+
+
+def header(name: str, run: EvalRun, tokens: int = 0) -> dict:
+    """Top-level keys shared by every result file."""
+    m, o = run.cfg.model, run.cfg.objective
+    return {
+        "diagnostic": name,
+        "status": run.status,
+        "model_step": run.step,
+        "condition": {"readout": m.readout, "loss": o.loss, "regularizer": o.regularizer,
+                      "recurrence": m.recurrence, "n_loops": m.n_loops, "d_model": m.d_model,
+                      "n_layers": m.n_layers},
+        "seed": run.cfg.train.seed,
+        "tokens": int(tokens),
+        "device": str(run.device),
+        "threads": torch.get_num_threads(),
+        "model": str(run.model_path),
+        "data": str(run.data_dir),
+        "eval": dataclasses.asdict(run.ecfg),
+    }
+
+
+# ---------------------------------------------------------------------------
+# shared pieces
+# ---------------------------------------------------------------------------
+def windows(run: EvalRun, max_tokens: int) -> np.ndarray:
+    """Start offsets of the non-overlapping validation windows holding `max_tokens` targets (0: all)."""
+    return D.eval_window_starts(len(run.tokens), run.seq_len, max_tokens)
+
+
+def batches(run: EvalRun, starts: np.ndarray, desc: str = "") -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(x, y) batches of `eval.batch_size` windows on the run's device, with a progress bar."""
+    bs = run.ecfg.batch_size
+    for i in tqdm(range(0, len(starts), bs), desc=desc, disable=not run.progress, leave=False,
+                  mininterval=1.0, dynamic_ncols=True):
+        x, y = D.get_batch(run.tokens, starts[i:i + bs], run.seq_len)
+        yield x.to(run.device), y.to(run.device)
+
+
+def _ppl(ce: float) -> float:
+    return math.exp(ce) if ce < 700 else float("inf")
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def token_norms(h: torch.Tensor) -> torch.Tensor:
+    """Per-token L2 norm over channels, float64, flattened over batch and positions."""
+    return h.detach().double().norm(dim=-1).reshape(-1)
+
+
+# ---------------------------------------------------------------------------
+# depth
+# ---------------------------------------------------------------------------
+def depth(run: EvalRun) -> tuple[dict, int]:
+    """Exits of a full K-loop pass, and every depth k=1..depth_factor·K read with the final readout.
+
+    One pass of depth_factor·K loops gives every truncated depth at once: loop k's state never
+    depends on later loops. For readouts other than final_norm the exit readout and the final
+    readout are the same function, so the exits are the first K depths of that pass; for
+    final_norm a separate K-loop pass reads exits k<K raw."""
+    e, K, model = run.ecfg, run.K, run.model
+    kmax = e.depth_factor * K
+    deep = exit_losses(model, run.tokens, e.batch_size, e.max_tokens, n_loops=kmax, device=run.device,
+                       final_readout_only=True)
+    if run.cfg.model.readout == "final_norm":
+        ex = exit_losses(model, run.tokens, e.batch_size, e.max_tokens, n_loops=K, device=run.device)
+    else:
+        ex = {key: deep[key][:K] if isinstance(deep[key], list) else deep[key] for key in deep}
+
+    def rows(r, n):
+        return [{"k": k + 1, "ce": r["ce"][k], "ppl": r["ppl"][k], "norm": r["norm"][k]} for k in range(n)]
+    return {"k_train": K, "depth_factor": e.depth_factor, "exits": rows(ex, K), "depth": rows(deep, kmax)}, deep["tokens"]
+
+
+# ---------------------------------------------------------------------------
+# throughput
+# ---------------------------------------------------------------------------
+@torch.inference_mode()
+def throughput(run: EvalRun) -> tuple[dict, int]:
+    """Tokens/s of teacher-forced evaluation running exactly k loops + one final readout (CE).
+
+    Batches are moved to the device before timing; per depth, `throughput_warmup` untimed
+    batches, then the median over `throughput_batches` timed ones (synchronised on CUDA)."""
+    e, model, dev = run.ecfg, run.model, run.device
+    starts = windows(run, 0)
+    n = e.throughput_warmup + e.throughput_batches
+    bs = min(e.batch_size, len(starts))
+    data = []
+    for i in range(n):  # cycle through the validation windows
+        idx = (np.arange(bs) + i * bs) % len(starts)
+        x, y = D.get_batch(run.tokens, starts[idx], run.seq_len)
+        data.append((x.to(dev), y.to(dev)))
+    kmax = e.depth_factor * run.K
+    rows = []
+    for k in tqdm(range(1, kmax + 1), desc="throughput", disable=not run.progress, leave=False):
+        times = []
+        for i, (x, y) in enumerate(data):
+            _sync(dev)
+            t0 = time.perf_counter()
+            h = model(x, n_loops=k)[-1]
+            linear_cross_entropy(model.readout(h, final=True), model.head_weight, y)
+            _sync(dev)
+            dt = time.perf_counter() - t0
+            if i >= e.throughput_warmup:
+                times.append(dt)
+        med = statistics.median(times)
+        rows.append({"k": k, "tokens_per_s": bs * run.seq_len / med, "median_s": med, "min_s": min(times),
+                     "max_s": max(times), "flops_per_token": flops_per_token(run.cfg.model, k, 1)})
+    payload = {"k_train": run.K, "batch_size": bs, "seq_len": run.seq_len, "batch_tokens": bs * run.seq_len,
+               "warmup_batches": e.throughput_warmup, "timed_batches": e.throughput_batches,
+               "threads": torch.get_num_threads(),
+               "gpu": torch.cuda.get_device_name(dev) if dev.type == "cuda" else None,
+               "depth": rows}
+    return payload, bs * run.seq_len * e.throughput_batches  # timed tokens per depth
+
+
+# ---------------------------------------------------------------------------
+# norms
+# ---------------------------------------------------------------------------
+def distribution(x: np.ndarray) -> dict:
+    """Summary of a per-token distribution (float64 input)."""
+    med = float(np.median(x))
+    p99 = float(np.percentile(x, 99))
+    return {"mean": float(x.mean()), "median": med, "p99": p99, "max": float(x.max()),
+            "std": float(x.std()), "min": float(x.min()), "p99_over_median": p99 / med if med > 0 else None}
+
+
+def log_histogram(x: np.ndarray, bins: int = 60) -> dict:
+    """Histogram with log-spaced bin edges spanning the positive values of x."""
+    pos = x[x > 0]
+    lo, hi = (float(pos.min()), float(pos.max())) if len(pos) else (1.0, 1.0)
+    if hi <= lo:
+        lo, hi = lo / 1.01, hi * 1.01
+    edges = np.geomspace(lo, hi, bins + 1)
+    counts, _ = np.histogram(pos, bins=edges)
+    return {"edges": edges.tolist(), "counts": counts.tolist(), "spacing": "log", "nonpositive": int((x <= 0).sum())}
+
+
+@torch.inference_mode()
+def norms(run: EvalRun) -> tuple[dict, int]:
+    """Per loop k: ‖H_k‖ (mean per-token L2 norm) and its distribution; per-token ‖H_K‖ distribution."""
+    per_loop = [[] for _ in range(run.K)]
+    for x, _ in batches(run, windows(run, run.ecfg.norm_tokens), "norms"):
+        for k, h in enumerate(run.model(x)):
+            per_loop[k].append(token_norms(h).cpu())
+    arrs = [torch.cat(p).numpy() for p in per_loop]
+    loops = [{"k": k + 1, "norm": float(a.mean()), **distribution(a)} for k, a in enumerate(arrs)]
+    final = arrs[-1]
+    payload = {"k_train": run.K, "norm_by_loop": [r["norm"] for r in loops], "loops": loops,
+               "final": {"k": run.K, **distribution(final)}, "histogram": {"k": run.K, **log_histogram(final)}}
+    return payload, len(final)
+
+
+# ---------------------------------------------------------------------------
+# radial gradient fraction
+# ---------------------------------------------------------------------------
+def radial_stats(model: LoopedLM, h: torch.Tensor, y: torch.Tensor, final: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token cos(g, H) and cos²(g, H) (float64) for g = ∂CE/∂H of one exit's immediate loss.
+
+    H is detached into a leaf; the sum-reduced CE makes g per token."""
+    with torch.enable_grad():
+        leaf = h.detach().requires_grad_(True)
+        ce = linear_cross_entropy(model.readout(leaf, final), model.head_weight.detach(), y) * y.numel()
+        (g,) = torch.autograd.grad(ce, leaf)
+    g64 = g.double().reshape(-1, g.shape[-1])
+    h64 = leaf.detach().double().reshape(-1, g.shape[-1])
+    dot = (g64 * h64).sum(-1)
+    denom = g64.norm(dim=-1) * h64.norm(dim=-1)
+    cos = dot / denom.clamp_min(_TINY)
+    return cos, cos * cos
+
+
+def radial(run: EvalRun) -> tuple[dict, int]:
+    """Radial gradient fraction per exit k: mean_t cos²(∂CE_k/∂H_k, H_k), and the signed mean cosine."""
+    K, model = run.K, run.model
+    cos_sum = torch.zeros(K, dtype=torch.float64)
+    cos2_sum = torch.zeros(K, dtype=torch.float64)
+    abs_sum = torch.zeros(K, dtype=torch.float64)
+    n = 0
+    for x, y in batches(run, windows(run, run.ecfg.radial_tokens), "radial"):
+        with torch.no_grad():
+            states = model(x)
+        for k, h in enumerate(states):
+            cos, cos2 = radial_stats(model, h, y, final=k == K - 1)
+            cos_sum[k] += cos.sum().cpu()
+            cos2_sum[k] += cos2.sum().cpu()
+            abs_sum[k] += cos.abs().sum().cpu()
+        n += y.numel()
+
+    def exit_readout(k):
+        r = run.cfg.model.readout
+        return "raw" if r == "raw" or (r == "final_norm" and k < K) else ("layernorm" if r == "layernorm" else "rmsnorm")
+    loops = [{"k": k + 1, "readout": exit_readout(k + 1), "radial_fraction": float(cos2_sum[k] / n),
+              "mean_cos": float(cos_sum[k] / n), "mean_abs_cos": float(abs_sum[k] / n)} for k in range(K)]
+    return {"k_train": K, "loops": loops}, n
+
+
+# ---------------------------------------------------------------------------
+# activity lemma
+# ---------------------------------------------------------------------------
+@torch.inference_mode()
+def lemma(run: EvalRun) -> tuple[dict, int]:
+    """Scale s_k = ‖H_k‖ and direction u_k = H_k/s_k over `lemma_loops` loops, per token:
+    mean s_k, radial increment s_{k+1}−s_k, angular update ‖u_{k+1}−u_k‖ and ‖u_{k+1}−u_k‖·s_k."""
+    L = run.ecfg.lemma_loops
+    s_sum = torch.zeros(L, dtype=torch.float64)
+    inc_sum = torch.zeros(L - 1, dtype=torch.float64)
+    rel_sum = torch.zeros(L - 1, dtype=torch.float64)
+    ang_sum = torch.zeros(L - 1, dtype=torch.float64)
+    prod_sum = torch.zeros(L - 1, dtype=torch.float64)
+    n = 0
+    for x, _ in batches(run, windows(run, run.ecfg.lemma_tokens), "lemma"):
+        states = run.model(x, n_loops=L)
+        prev_s = prev_u = None
+        for k, h in enumerate(states):
+            h64 = h.double().reshape(-1, h.shape[-1])
+            s = h64.norm(dim=-1)
+            u = h64 / s.clamp_min(_TINY)[:, None]
+            s_sum[k] += s.sum().cpu()
+            if prev_s is not None:
+                ang = (u - prev_u).norm(dim=-1)
+                inc_sum[k - 1] += (s - prev_s).sum().cpu()
+                rel_sum[k - 1] += ((s - prev_s) / prev_s.clamp_min(_TINY)).sum().cpu()
+                ang_sum[k - 1] += ang.sum().cpu()
+                prod_sum[k - 1] += (ang * prev_s).sum().cpu()
+            prev_s, prev_u = s, u
+        n += x.numel()
+    loops = []
+    for k in range(L):
+        row = {"k": k + 1, "scale": float(s_sum[k] / n)}
+        if k < L - 1:  # transition k -> k+1
+            row.update(radial_increment=float(inc_sum[k] / n), relative_increment=float(rel_sum[k] / n),
+                       angular_update=float(ang_sum[k] / n), angular_times_scale=float(prod_sum[k] / n))
+        loops.append(row)
+    prod = np.array([r["angular_times_scale"] for r in loops[:-1]])
+    tail = prod[1:] if len(prod) > 1 else prod  # loop 1->2 leaves the embedding regime
+    summary = {"angular_times_scale_first": float(prod[0]), "angular_times_scale_last": float(prod[-1]),
+               "angular_times_scale_cv": float(tail.std() / tail.mean()) if tail.mean() != 0 else None,
+               "angular_update_first": loops[0]["angular_update"], "angular_update_last": loops[-2]["angular_update"],
+               "scale_first": loops[0]["scale"], "scale_last": loops[-1]["scale"]}
+    return {"k_train": run.K, "n_loops": L, "loops": loops, "summary": summary}, n
+
+
+# ---------------------------------------------------------------------------
+# scale clamps
+# ---------------------------------------------------------------------------
+def clamp_fn(mode: str) -> Optional[Callable]:
+    """The `state_fn(k, x_in, h)` of LoopedLM.forward implementing an inference-time clamp.
+
+    remove_radial  h ← x_in + Δ − <Δ, u>u with Δ = h − x_in and u = x_in/‖x_in‖ (per token):
+                   the loop's update loses its component along the previous state's direction
+    freeze_loop1   h ← h · rms(H_1)/rms(h) per token for k ≥ 2: every state keeps loop 1's RMS
+    """
+    if mode == "none":
+        return None
+    if mode == "remove_radial":
+        def remove_radial(k, x_in, h):
+            d = h - x_in
+            u = x_in / x_in.norm(dim=-1, keepdim=True).clamp_min(_TINY)
+            return x_in + d - (d * u).sum(-1, keepdim=True) * u
+        return remove_radial
+    if mode == "freeze_loop1":
+        ref: dict = {}
+
+        def freeze_loop1(k, x_in, h):
+            rms = h.pow(2).mean(-1, keepdim=True).sqrt()
+            if k == 1:
+                ref["rms"] = rms
+                return h
+            return h * (ref["rms"] / rms.clamp_min(_TINY))
+        return freeze_loop1
+    raise ValueError(f"unknown clamp mode {mode!r}; choose one of {', '.join(CLAMP_MODES)}")
+
+
+def _recording(fn: Optional[Callable], log: dict) -> Callable:
+    """Wrap a clamp so the update actually applied at each loop is measured (float64, per token)."""
+    def state_fn(k, x_in, h):
+        if fn is not None:
+            h = fn(k, x_in, h)
+        x64, h64 = x_in.double(), h.double()
+        u = x64 / x64.norm(dim=-1, keepdim=True).clamp_min(_TINY)
+        d = h64 - x64
+        radial = (d * u).sum(-1)
+        log.setdefault(k, torch.zeros(3, dtype=torch.float64))
+        log[k] += torch.stack([radial.sum(), radial.abs().sum(), d.norm(dim=-1).sum()]).cpu()
+        return h
+    return state_fn
+
+
+@torch.inference_mode()
+def clamp(run: EvalRun) -> tuple[dict, int]:
+    """Per loop CE/PPL/‖H_k‖ of a full K-loop pass under each clamp, with ΔCE and PPL ratio vs none."""
+    K, model = run.K, run.model
+    starts = windows(run, run.ecfg.clamp_tokens)
+    modes = {}
+    n = 0
+    for mode in CLAMP_MODES:
+        ce_sum = torch.zeros(K, dtype=torch.float64)
+        norm_sum = torch.zeros(K, dtype=torch.float64)
+        log: dict = {}
+        n = 0
+        for x, y in batches(run, starts, f"clamp {mode}"):
+            states = model(x, state_fn=_recording(clamp_fn(mode), log))
+            for k, h in enumerate(states):
+                ce = linear_cross_entropy(model.readout(h, k == K - 1), model.head_weight, y)
+                ce_sum[k] += ce.double().cpu() * y.numel()
+                norm_sum[k] += token_norms(h).sum().cpu()
+            n += y.numel()
+        rows = []
+        for k in range(K):
+            ce = float(ce_sum[k] / n)
+            rad, rad_abs, upd = (log[k + 1] / n).tolist()
+            rows.append({"k": k + 1, "ce": ce, "ppl": _ppl(ce), "norm": float(norm_sum[k] / n),
+                         "radial_update": rad, "abs_radial_update": rad_abs, "update_norm": upd})
+        modes[mode] = rows
+    for mode in CLAMP_MODES:
+        for row, base in zip(modes[mode], modes["none"]):
+            row["delta_ce"] = row["ce"] - base["ce"]
+            row["rel_ppl"] = row["ppl"] / base["ppl"] if base["ppl"] not in (0.0, float("inf")) else None
+    return {"k_train": K, "modes": modes}, n
+
+
+# ---------------------------------------------------------------------------
+# running diagnostics
+# ---------------------------------------------------------------------------
+def _halting(run: EvalRun) -> tuple[dict, int]:
+    from .halting import halting
+    return halting(run)
+
+
+RUNNERS: dict[str, Callable[[EvalRun], tuple[dict, int]]] = {
+    "depth": depth, "throughput": throughput, "norms": norms, "radial": radial, "lemma": lemma,
+    "clamp": clamp, "halting": _halting}
+
+
+def evaluate_diagnostic(name: str, run: EvalRun) -> dict:
+    """The result dict of one diagnostic (header + payload); a diverged model is not evaluated."""
+    if name not in RUNNERS:
+        raise ConfigError(f"unknown diagnostic {name!r}; choose one of {', '.join(DIAGNOSTICS)}")
+    if run.status == "diverged":
+        return {**header(name, run, 0), "note": "the model diverged in training; nothing was evaluated"}
+    t0 = time.time()
+    payload, tokens = RUNNERS[name](run)
+    return {**header(name, run, tokens), "wall_time_s": time.time() - t0, **payload}
+
+
+def run_diagnostic(name: str, model_path, data_dir, out=None, overrides: Optional[list[str]] = None,
+                   device: Optional[str] = None, progress: bool = True) -> dict:
+    """Open a run, evaluate one diagnostic, write `out` (atomic JSON) if given; return the result."""
+    if name not in RUNNERS:
+        raise ConfigError(f"unknown diagnostic {name!r}; choose one of {', '.join(DIAGNOSTICS)}")
+    run = open_run(model_path, data_dir, overrides, device, progress)
+    result = evaluate_diagnostic(name, run)
+    if out is not None:
+        atomic_write_json(out, result)
+    return result
+
+
+def run_all(model_path, data_dir, outdir, overrides: Optional[list[str]] = None, device: Optional[str] = None,
+            progress: bool = True, names=DIAGNOSTICS) -> dict[str, dict]:
+    """Every diagnostic on one run (the model is loaded once); writes `outdir/<diagnostic>.json`."""
+    run = open_run(model_path, data_dir, overrides, device, progress)
+    results = {}
+    for name in names:
+        results[name] = evaluate_diagnostic(name, run)
+        atomic_write_json(Path(outdir) / f"{name}.json", results[name])
+    return results
+
+
+# ---------------------------------------------------------------------------
+# command line
+# ---------------------------------------------------------------------------
+def _common(p) -> None:
+    p.add_argument("--model", required=True, help="trained model file (RUN/model.pt)")
+    p.add_argument("--data", required=True, help="the run's prepared data directory")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="eval.KEY=VALUE",
+                   help="override an eval setting, e.g. --set eval.max_tokens=65536 (repeatable)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda", "mps"), default=None,
+                   help="device (default: the run's eval.device)")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
+
+
+def _summary_line(result: dict) -> str:
+    return json.dumps({k: result.get(k) for k in ("diagnostic", "status", "tokens", "wall_time_s")})
+
+
+def cmd_eval(args) -> int:
+    result = run_diagnostic(args.diagnostic, args.model, args.data, args.out, args.overrides, args.device,
+                            progress=not args.quiet)
+    print(_summary_line(result))
+    return 0
+
+
+def cmd_eval_all(args) -> int:
+    results = run_all(args.model, args.data, args.outdir, args.overrides, args.device, progress=not args.quiet)
+    for r in results.values():
+        print(_summary_line(r))
+    return 0
+
+
+_HELP = {
+    "depth": "CE/PPL per exit k<=K and per depth k<=depth_factor*K (final readout)",
+    "throughput": "tokens/s of evaluation at each depth",
+    "norms": "per-loop ||H_k|| and the per-token distribution of ||H_K||",
+    "radial": "radial gradient fraction cos^2(dCE_k/dH_k, H_k) per exit",
+    "lemma": "radial increment and angular update over eval.lemma_loops loops",
+    "clamp": "inference-time scale clamps (remove_radial, freeze_loop1)",
+    "halting": "calibrated post-hoc exit policies and dynamic-depth speed-up",
+}
+
+
+def add_cli(subparsers) -> None:
+    """`loopscale eval <diagnostic> ...` and `loopscale eval all ...` (called by cli.build_parser)."""
+    p = subparsers.add_parser("eval", help="evaluate a trained run (depth, throughput, norms, radial, lemma, "
+                                           "clamp, halting, all)")
+    sub = p.add_subparsers(dest="diagnostic", required=True, metavar="DIAGNOSTIC")
+    for name in DIAGNOSTICS:
+        q = sub.add_parser(name, help=_HELP[name])
+        _common(q)
+        q.add_argument("--out", required=True, help="result JSON file to write")
+        q.set_defaults(func=cmd_eval)
+    q = sub.add_parser("all", help="every diagnostic, one JSON per diagnostic in --outdir")
+    _common(q)
+    q.add_argument("--outdir", required=True, help="directory for <diagnostic>.json files")
+    q.set_defaults(func=cmd_eval_all)
