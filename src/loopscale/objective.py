@@ -5,12 +5,15 @@
   norm_penalty  L += λ · (1/K) Σ_k mean_{batch,pos,channel}(H_k²)   (all K loops, before any norm)
 
 The vocabulary head is evaluated through `linear_cross_entropy`, which by default never
-materialises a full [tokens, vocab] logit tensor: it walks the tokens in chunks and
-recomputes each chunk's logits in the backward pass. Values and gradients equal the plain
-`F.cross_entropy(x @ W.T, y)` up to float rounding (tests/test_objective.py).
+materialises a full [tokens, vocab] logit tensor: it walks the tokens in chunks and, when a
+gradient is wanted, computes each chunk's contribution to the input and weight gradients
+right in the forward pass, so no logits are kept or recomputed. Values and gradients equal
+the plain `F.cross_entropy(x @ W.T, y)` up to float rounding (tests/test_objective.py,
+tests/test_equivalence.py).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -19,43 +22,104 @@ import torch.nn.functional as F
 from .config import ObjectiveConfig
 
 
+def _exp_floor(dtype: torch.dtype) -> float:
+    """A floor for softmax exponents: exp(floor) is a normal float, e·finfo.tiny.
+
+    Logits minus their row max below this floor would underflow into subnormals, which the
+    CPU exp kernel handles about 5x slower (common at init: N(0,1) tied embeddings give logit
+    standard deviations of sqrt(d)). Clamping changes each such probability by less than
+    1e-37 (fp32), far below rounding."""
+    return math.log(torch.finfo(dtype).tiny) + 1.0
+
+
+def _softmax_rows_(logits: torch.Tensor) -> torch.Tensor:
+    """In place: logits [c, V] -> unnormalised exp(logits - rowmax); returns the row sums
+    and row logsumexp as ([c, 1], [c])."""
+    m = logits.amax(dim=1, keepdim=True)
+    torch.sub(logits, m, out=logits).clamp_min_(_exp_floor(logits.dtype)).exp_()
+    sumexp = logits.sum(dim=1, keepdim=True)
+    return sumexp, (m + sumexp.log()).squeeze(1)
+
+
+class _Blocks:
+    """One reusable [chunk, V] block (plus a low-precision twin under bf16/fp16), so the
+    chunk loop allocates (and page-faults) the block once per call, not once per chunk."""
+
+    def __init__(self, x: torch.Tensor, weight: torch.Tensor, chunk: int, acc: torch.dtype):
+        rows = min(chunk, x.shape[0])
+        self.acc = torch.empty(rows, weight.shape[0], dtype=acc, device=x.device)
+        self.low = None if x.dtype == acc else torch.empty(rows, weight.shape[0], dtype=x.dtype,
+                                                           device=x.device)
+
+    def logits(self, xc: torch.Tensor, wt: torch.Tensor) -> torch.Tensor:
+        c = xc.shape[0]
+        if self.low is None:
+            return torch.mm(xc, wt, out=self.acc[:c])
+        return self.acc[:c].copy_(torch.mm(xc, wt, out=self.low[:c]))
+
+    def cast(self, block: torch.Tensor) -> torch.Tensor:
+        return block if self.low is None else self.low[:block.shape[0]].copy_(block)
+
+
+def _ce_sum_no_grad(x, weight, targets, chunk):
+    """sum_i CE(x_i @ W.T, y_i) without autograd (evaluation): one [chunk, V] block at a time."""
+    acc = torch.promote_types(x.dtype, torch.float32)  # softmax in fp32 (fp64 stays fp64)
+    total = torch.zeros((), dtype=acc, device=x.device)
+    blocks, wt = _Blocks(x, weight, chunk, acc), weight.t()
+    for s in range(0, x.shape[0], chunk):
+        logits = blocks.logits(x[s:s + chunk], wt)
+        tgt = logits.gather(1, targets[s:s + chunk, None]).squeeze(1)
+        total += (_softmax_rows_(logits)[1] - tgt).sum()
+    return total
+
+
 class _ChunkedLinearCE(torch.autograd.Function):
-    """mean_i CE(x_i @ W.T, y_i), chunked over tokens, logits recomputed in backward."""
+    """mean_i CE(x_i @ W.T, y_i), chunked over tokens, gradients computed in the forward pass.
+
+    Each [chunk, V] logit block is built once: the forward turns it in place into
+    softmax - onehot (the gradient of the summed CE w.r.t. the logits) and immediately
+    contracts it into grad_x (rows of the chunk) and grad_w (accumulated). Only these two
+    small tensors ([n, d] and [V, d]) are kept for backward, which just scales them by
+    grad_out / n. So the head costs the 3 matmuls of forward + backward (no recomputation)
+    and one [chunk, V] block (reused across chunks) is the only vocabulary-sized tensor."""
 
     @staticmethod
     def forward(ctx, x, weight, targets, chunk):
         n = x.shape[0]
+        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         acc = torch.promote_types(x.dtype, torch.float32)  # softmax in fp32 (fp64 stays fp64)
-        lse = torch.empty(n, dtype=acc, device=x.device)
         total = torch.zeros((), dtype=acc, device=x.device)
+        grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device) if need_x else None
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        blocks, wt = _Blocks(x, weight, chunk, acc), weight.t()
         for s in range(0, n, chunk):
-            logits = (x[s:s + chunk] @ weight.t()).to(acc)
-            lse[s:s + chunk] = torch.logsumexp(logits, dim=-1)
-            tgt = logits.gather(1, targets[s:s + chunk, None]).squeeze(1)
-            total += (lse[s:s + chunk] - tgt).sum()
-        ctx.save_for_backward(x, weight, targets, lse)
-        ctx.chunk = chunk
+            xc, yc = x[s:s + chunk], targets[s:s + chunk, None]
+            logits = blocks.logits(xc, wt)
+            tgt = logits.gather(1, yc).squeeze(1)
+            sumexp, lse = _softmax_rows_(logits)
+            total += (lse - tgt).sum()
+            logits.div_(sumexp).scatter_add_(1, yc, logits.new_full(yc.shape, -1.0))  # softmax - onehot
+            g = blocks.cast(logits)
+            if need_x:
+                torch.mm(g, weight, out=grad_x[s:s + chunk])
+            if need_w:
+                if g.dtype == acc:
+                    grad_w.addmm_(g.t(), xc)
+                else:
+                    grad_w += (g.t() @ xc).to(acc)
+        ctx.save_for_backward(grad_x, grad_w)
+        ctx.n, ctx.w_dtype = n, weight.dtype
         return total / n
 
     @staticmethod
     def backward(ctx, grad_out):
-        x, weight, targets, lse = ctx.saved_tensors
-        n, chunk = x.shape[0], ctx.chunk
-        grad_x = torch.empty_like(x) if ctx.needs_input_grad[0] else None
-        acc = lse.dtype
-        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) \
-            if ctx.needs_input_grad[1] else None
-        scale = grad_out.to(acc) / n
-        for s in range(0, n, chunk):
-            xc = x[s:s + chunk]
-            probs = torch.exp((xc @ weight.t()).to(acc) - lse[s:s + chunk, None])
-            probs[torch.arange(xc.shape[0], device=x.device), targets[s:s + chunk]] -= 1.0
-            g = (probs * scale).to(x.dtype)
-            if grad_x is not None:
-                grad_x[s:s + chunk] = g @ weight
-            if grad_w is not None:
-                grad_w += (g.t() @ xc).to(acc)
-        return grad_x, (grad_w.to(weight.dtype) if grad_w is not None else None), None, None
+        grad_x, grad_w = ctx.saved_tensors
+        gx = gw = None
+        if grad_x is not None:
+            gx = grad_x * (grad_out / ctx.n).to(grad_x.dtype)
+        if grad_w is not None:
+            gw = (grad_w * (grad_out / ctx.n).to(grad_w.dtype)).to(ctx.w_dtype)
+        return gx, gw, None, None
 
 
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
@@ -69,7 +133,9 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.T
         dtype = torch.get_autocast_dtype(x.device.type)
         x, weight = x.to(dtype), weight.to(dtype)
     with torch.autocast(x.device.type, enabled=False):
-        return _ChunkedLinearCE.apply(x, weight, targets, chunk_tokens)
+        if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
+            return _ChunkedLinearCE.apply(x, weight, targets, chunk_tokens)
+        return _ce_sum_no_grad(x, weight, targets, chunk_tokens) / x.shape[0]
 
 
 @dataclass
