@@ -1,0 +1,511 @@
+"""The pipeline: params.yaml -> Snakemake (Snakefile, workflow/) -> DVC (dvc.yaml).
+
+Fast tests: params validation and expansion (loopscale.pipeline), the schema, lint and
+dry runs. Slow tests (@pytest.mark.slow): the smoke grid end to end through
+`snakemake --cores 2` and through `dvc repro`, incremental rebuilds in fresh copies of a
+completed run (no .snakemake/ metadata, as in a fresh clone or CI), failing fast on bad
+params, and `dvc push` / `dvc pull` into a fresh clone.
+
+Every test works in a copy of the working tree under tmp_path (tracked and untracked,
+not ignored files; a fresh git repository), never in the repository itself. The jobs
+run the copy's code (PYTHONPATH=<copy>/src).
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from loopscale import config as C
+from loopscale import pipeline as P
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+SNAKEMAKE = str(VENV_BIN / "snakemake")
+DVC = str(VENV_BIN / "dvc")
+SCHEMA = REPO / "workflow" / "schemas" / "params.schema.yaml"
+SMOKE = ("--config", "experiment=smoke")
+# tables whose numbers are a pure function of the runs (no timings): equal across hosts
+DETERMINISTIC_TABLES = ("main", "norms", "radial", "lemma", "clamp", "norm_loops", "depth")
+TIMING_COLUMN = re.compile(r"tokens_per_s|tok_per_s|wall|speedup|throughput|time", re.I)
+
+
+# ---------------------------------------------------------------------------
+# helpers
+# ---------------------------------------------------------------------------
+def pipeline_env(repo: Path, extra: dict | None = None) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["PATH"] = os.pathsep.join([str(VENV_BIN), env.get("PATH", "")])
+    env["PYTHONPATH"] = str(repo / "src")
+    env.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", DVC_NO_ANALYTICS="1", PYTHONDONTWRITEBYTECODE="1")
+    env.update(extra or {})
+    return env
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "user.name=loopscale-test", "-c", "user.email=test@loopscale",
+                           *args], cwd=repo, check=True, capture_output=True, text=True).stdout
+
+
+def copy_worktree(dest: Path) -> Path:
+    """The repository's working tree (tracked + untracked, not ignored) as a fresh git repo."""
+    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, check=True,
+                           capture_output=True).stdout.decode().split("\0")
+    dest.mkdir(parents=True)
+    for f in filter(None, files):
+        src = REPO / f
+        if src.is_file() and "__pycache__" not in f:
+            (dest / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / f)
+    git(dest, "init", "-q", "-b", "main")
+    git(dest, "add", "-A")
+    git(dest, "commit", "-q", "-m", "working tree")
+    return dest
+
+
+def fresh_copy(src: Path, dest: Path) -> Path:
+    """A copy of a completed workspace, mtimes kept, without Snakemake's metadata (.snakemake/),
+    i.e. what a fresh clone with the outputs restored looks like to Snakemake."""
+    shutil.copytree(src, dest, symlinks=True, ignore=shutil.ignore_patterns(".snakemake"))
+    return dest
+
+
+def run(cmd: list[str], repo: Path, check: bool = True, timeout: float = 900, env: dict | None = None):
+    proc = subprocess.run(cmd, cwd=repo, env=env or pipeline_env(repo), capture_output=True, text=True,
+                          timeout=timeout)
+    if check and proc.returncode != 0:
+        pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}\n"
+                    f"--- stderr\n{proc.stderr[-6000:]}", pytrace=False)
+    return proc
+
+
+def smk(repo: Path, *args: str, **kw):
+    return run([SNAKEMAKE, *args], repo, **kw)
+
+
+def dry_run(repo: Path, *args: str) -> list[tuple[str, str]]:
+    """(rule, output) of every job `snakemake -n` would run ([] when nothing to do)."""
+    out = smk(repo, "-n", *SMOKE, *args).stdout
+    if "Nothing to be done" in out:
+        return []
+    jobs = []
+    for block in re.split(r"\n(?=(?:local)?rule \w+:)", out):
+        m = re.match(r"(?:local)?rule (\w+):", block)
+        if m:
+            o = re.search(r"^\s+output: (.*)$", block, re.M)
+            jobs.append((m.group(1), o.group(1) if o else ""))
+    return jobs
+
+
+def counts(jobs) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for rule, _ in jobs:
+        out[rule] = out.get(rule, 0) + 1
+    return out
+
+
+def tree_digest(repo: Path, dirs=("data", "runs", "results", "logs")) -> dict[str, str]:
+    """path -> sha256 of every file under `dirs` (plus mtimes of the files)."""
+    out = {}
+    for d in dirs:
+        for p in sorted((repo / d).rglob("*")) if (repo / d).exists() else []:
+            if p.is_file():
+                out[str(p.relative_to(repo))] = (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+    return out
+
+
+def edit_params(repo: Path, fn) -> None:
+    path = repo / "params.yaml"
+    params = yaml.safe_load(path.read_text())
+    fn(params)
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+
+
+def read_table(path: Path) -> list[dict]:
+    import csv
+    with open(path) as f:
+        return [{k: v for k, v in row.items() if not TIMING_COLUMN.search(k)} for row in csv.DictReader(f)]
+
+
+def assert_same_tables(a: Path, b: Path) -> None:
+    for name in DETERMINISTIC_TABLES:
+        ta, tb = read_table(a / f"{name}.csv"), read_table(b / f"{name}.csv")
+        assert ta == tb, f"{name}.csv differs between {a} and {b}"
+
+
+def smoke_runs(repo: Path) -> list[Path]:
+    return sorted((repo / "runs" / "smoke").glob("*/*/seed*"))
+
+
+def _smoke_local(tmp_path_factory) -> tuple[Path, float]:
+    """The smoke grid run once per session through `snakemake --cores 2` (memoised on disk,
+    so test_slurm_pipeline.py reuses it)."""
+    base = tmp_path_factory.getbasetemp() / "smoke-local"
+    marker = base / "wall_s"
+    if marker.exists():
+        return base / "repo", float(marker.read_text())
+    if base.exists():
+        shutil.rmtree(base)
+    repo = copy_worktree(base / "repo")
+    t0 = time.monotonic()
+    smk(repo, "--cores", "2", *SMOKE)
+    wall = time.monotonic() - t0
+    marker.write_text(f"{wall:.1f}")
+    return repo, wall
+
+
+@pytest.fixture(scope="session")
+def smoke_local(tmp_path_factory):
+    return _smoke_local(tmp_path_factory)
+
+
+@pytest.fixture(scope="module")
+def dry_workspace(tmp_path_factory):
+    """A copy of the working tree in which a valid dry run has written the run configs."""
+    repo = copy_worktree(tmp_path_factory.mktemp("dry") / "repo")
+    smk(repo, "-n", "-q", *SMOKE)
+    return repo
+
+
+def load(params: dict, tmp_path: Path):
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    return P.load_and_validate(path, SCHEMA)
+
+
+@pytest.fixture(scope="module")
+def params():
+    return yaml.safe_load((REPO / "params.yaml").read_text())
+
+
+# ---------------------------------------------------------------------------
+# fast: settings
+# ---------------------------------------------------------------------------
+def test_schema_mirrors_config():
+    schema = yaml.safe_load(SCHEMA.read_text())
+    d = schema["$defs"]
+    assert tuple(d["readout"]["enum"]) == C.READOUTS
+    assert tuple(d["loss"]["enum"]) == C.LOSSES
+    assert tuple(d["regularizer"]["enum"]) == C.REGULARIZERS
+    assert tuple(d["recurrence"]["enum"]) == C.RECURRENCES
+    assert tuple(d["size"]["properties"]["preset"]["enum"]) == tuple(C.MODEL_PRESETS)
+    assert tuple(d["diagnostics"]["items"]["enum"]) == P.DIAGNOSTICS
+
+
+def test_experiments_expand(params, tmp_path):
+    _, exps = load(params, tmp_path)
+    assert params["experiment"] == "cpu"
+    paper7 = ["rmsnorm-terminal-none-residual", "raw-terminal-none-residual", "rmsnorm-per_loop-none-residual",
+              "raw-per_loop-none-residual", "final_norm-per_loop-none-residual",
+              "rmsnorm-terminal-norm_penalty-residual", "rmsnorm-per_loop-norm_penalty-residual"]
+    loopscale9 = paper7 + ["layernorm-per_loop-none-residual", "rmsnorm-per_loop-none-inter_loop_norm"]
+    sets = params["condition_sets"]
+    assert [c.id for c in P.expand_conditions("paper7", sets, "x")] == paper7
+    assert [c.id for c in P.expand_conditions("loopscale9", sets, "x")] == loopscale9
+
+    cpu, paper, smoke = exps["cpu"], exps["paper"], exps["smoke"]
+    assert len(cpu.runs) == 9 and {r.seed for r in cpu.runs} == {42}
+    assert all(r.config.model.d_model == C.MODEL_PRESETS["cpu"]["model"]["d_model"]
+               and r.config.data.source == "builtin" for r in cpu.runs)
+    assert len(paper.runs) == 2 * 9 * 3 and {r.seed for r in paper.runs} == {42, 101, 202}
+    assert {r.size: r.config.model.d_model for r in paper.runs} == {"44m": 512, "129m": 768}
+    assert paper.data["source"] == "wikitext-103" and paper.data["vocab_size"] == 20000 and paper.gpu == 1
+    assert 1 <= len(smoke.runs) <= 4
+    assert all(r.config.model.d_model == C.MODEL_PRESETS["smoke"]["model"]["d_model"] for r in smoke.runs)
+    run = paper.run("129m", "rmsnorm-per_loop-norm_penalty-residual", 101)
+    assert run.dir == "runs/paper/129m/rmsnorm-per_loop-norm_penalty-residual/seed101"
+    c = run.config
+    assert (c.model.readout, c.objective.loss, c.objective.regularizer, c.model.recurrence, c.train.seed) == \
+        ("rmsnorm", "per_loop", "norm_penalty", "residual", 101)
+
+
+def test_grid_and_overrides(params, tmp_path):
+    p = copy.deepcopy(params)
+    p["experiments"]["smoke"]["conditions"] = [
+        {"grid": {"readout": ["rmsnorm", "raw"], "loss": ["per_loop", "terminal"],
+                  "regularizer": ["none", "norm_penalty"]}},
+        {"readout": "layernorm", "loss": "per_loop", "overrides": {"objective": {"penalty_weight": 0.5}}},
+        "blind_spot",  # duplicates of grid points are dropped
+    ]
+    p["experiments"]["smoke"]["seeds"] = [1, 2]
+    _, exps = load(p, tmp_path)
+    smoke = exps["smoke"]
+    assert len(smoke.runs) == (2 * 2 * 2 + 1) * 2
+    ln = smoke.run("smoke", "layernorm-per_loop-none-residual", 2).config
+    assert ln.objective.penalty_weight == 0.5 and ln.train.seed == 2
+
+
+def _mut(path, value):
+    def f(p):
+        node = p
+        for k in path[:-1]:
+            node = node[k]
+        node[path[-1]] = value
+    return f
+
+
+BAD = [
+    (_mut(["colour"], 1), "unknown key 'colour'"),
+    (_mut(["experiments", "cpu", "sedes"], [1]), "'experiments.cpu.sedes'"),
+    (_mut(["experiments", "cpu", "seeds"], ["x"]), "experiments.cpu.seeds[0]"),
+    (_mut(["experiments", "cpu", "train", "lrr"], 1), "'experiments.cpu.train.lrr'"),
+    (_mut(["experiments", "cpu", "train", "lr"], "fast"), "experiments.cpu.train: train.lr must be a number"),
+    (_mut(["experiments", "paper", "sizes", "44m", "preset"], "huge"), "experiments.paper.sizes.44m.preset"),
+    (_mut(["experiments", "paper", "sizes", "44m", "overrides"], {"model": {"n_heads": 7}}),
+     "experiments.paper.sizes.44m.overrides: model.d_model (512) must be divisible"),
+    (_mut(["condition_sets", "paper7", 2, "readout"], "rmsnrom"), "condition_sets.paper7[2].readout: unknown value"),
+    (_mut(["condition_sets", "loopscale9", 0], "paper8"), "condition_sets.loopscale9[0]: unknown condition set"),
+    (_mut(["experiments", "smoke", "conditions"], {"grid": {"readout": ["raw"], "loss": ["per-loop"]}}),
+     "experiments.smoke.conditions.grid.loss[0]"),
+    (_mut(["experiments", "smoke", "diagnostics"], ["depth", "nroms"]), "experiments.smoke.diagnostics[1]"),
+    (_mut(["experiments", "smoke", "sizes", "a/b"], {"preset": "smoke"}), "experiments.smoke.sizes"),
+    (_mut(["experiment"], "nope"), "experiment: unknown experiment 'nope'"),
+]
+
+
+@pytest.mark.parametrize("mutate,expected", BAD, ids=[e for _, e in BAD])
+def test_bad_params_name_the_key(params, tmp_path, mutate, expected):
+    p = copy.deepcopy(params)
+    mutate(p)
+    with pytest.raises(P.ParamsError) as info:
+        load(p, tmp_path)
+    msg = str(info.value)
+    assert expected in msg and "\n" not in msg
+
+
+def test_write_if_changed_keeps_mtime(tmp_path):
+    f = tmp_path / "a" / "config.yaml"
+    assert P.write_if_changed(f, "x: 1\n")
+    os.utime(f, ns=(1_000_000_000, 1_000_000_000))
+    assert not P.write_if_changed(f, "x: 1\n")
+    assert f.stat().st_mtime_ns == 1_000_000_000
+    assert P.write_if_changed(f, "x: 2\n") and f.read_text() == "x: 2\n"
+
+
+def test_eval_settings_do_not_touch_train_config(params, tmp_path):
+    _, exps = load(params, tmp_path)
+    assert len(P.materialize(exps["smoke"], tmp_path)) == 1 + 2 * len(exps["smoke"].runs)
+    assert P.materialize(exps["smoke"], tmp_path) == []  # unchanged: nothing rewritten
+    p = copy.deepcopy(params)
+    p["experiments"]["smoke"]["eval"] = {"max_tokens": 1024}
+    _, exps2 = load(p, tmp_path)
+    written = P.materialize(exps2["smoke"], tmp_path)
+    assert written and all(w.endswith("/config.yaml") and not w.startswith("data/") for w in written)
+
+
+def test_unevaluated_script(tmp_path):
+    script = REPO / "workflow" / "scripts" / "unevaluated.py"
+    summary, out = tmp_path / "summary.json", tmp_path / "eval" / "norms.json"
+    summary.write_text(json.dumps({"status": "failed", "error": "RuntimeError: x"}, indent=2))
+    subprocess.run([sys.executable, str(script), "norms", str(summary), str(out)], check=True, capture_output=True)
+    assert json.loads(out.read_text())["status"] == "failed"
+    summary.write_text(json.dumps({"status": "completed"}, indent=2))
+    proc = subprocess.run([sys.executable, str(script), "norms", str(summary), str(out)], capture_output=True)
+    assert proc.returncode == 1 and b"model.pt is missing" in proc.stderr
+
+
+# ---------------------------------------------------------------------------
+# fast: Snakemake on the workflow (no jobs run)
+# ---------------------------------------------------------------------------
+def test_lint_clean(dry_workspace):
+    proc = smk(dry_workspace, "--lint", *SMOKE)
+    assert "Congratulations" in proc.stdout + proc.stderr
+
+
+def test_smoke_dag(dry_workspace):
+    c = counts(dry_run(dry_workspace))
+    n = len(list((dry_workspace / "runs" / "smoke").glob("*/*/seed*")))
+    assert n >= 1
+    assert c == {"prepare_data": 1, "train": n, "depth_eval": n, "diagnostic": 6 * n,
+                 "aggregate": 1, "figures": 1, "report": 1, "all": 1}
+
+
+def test_bad_params_stop_snakemake_with_one_line(dry_workspace):
+    before = tree_digest(dry_workspace)
+    good = (dry_workspace / "params.yaml").read_text()
+    try:
+        (dry_workspace / "params.yaml").write_text(good.replace("seeds: [42]\n    conditions: blind_spot",
+                                                                "seeds: [42]\n    conditions: blind_spots"))
+        proc = smk(dry_workspace, "-n", *SMOKE, check=False)
+    finally:
+        (dry_workspace / "params.yaml").write_text(good)
+    assert proc.returncode != 0
+    assert proc.stderr.strip().splitlines() == [
+        "loopscale pipeline: error: params.yaml: experiments.smoke.conditions: unknown condition set "
+        "'blind_spots'; define it under condition_sets (defined: paper7, loopscale9, blind_spot)"]
+    assert tree_digest(dry_workspace) == before
+
+
+def test_paper_grid_dry_run_is_fast(dry_workspace, record_property):
+    # the first call also writes the 108 run configs (later calls are a little faster)
+    t0 = time.monotonic()
+    out = smk(dry_workspace, "-n", "--config", "experiment=paper").stdout
+    wall = time.monotonic() - t0
+    record_property("paper_dry_run_s", round(wall, 2))
+    print(f"\npaper grid dry run: {wall:.1f} s")
+    c = counts([(m, "") for m in re.findall(r"^rule (\w+):", out, re.M)])
+    assert c["train"] == 54 and c["depth_eval"] == 54 and c["diagnostic"] == 54 * 6
+    assert wall < 60, f"dry run of the paper grid took {wall:.1f} s"
+
+
+# ---------------------------------------------------------------------------
+# slow: the smoke grid end to end, incremental rebuilds
+# ---------------------------------------------------------------------------
+@pytest.mark.slow
+def test_smoke_grid_end_to_end(smoke_local, record_property):
+    repo, wall = smoke_local
+    record_property("smoke_grid_wall_s", wall)
+    print(f"\nsmoke grid (snakemake --cores 2): {wall:.0f} s")
+    runs = smoke_runs(repo)
+    assert len(runs) == 2
+    for r in runs:
+        assert json.loads((r / "summary.json").read_text())["status"] == "completed"
+        assert (r / "model.pt").is_file() and (r / "config.yaml").is_file()
+        for d in P.DIAGNOSTICS:
+            assert json.loads((r / "eval" / f"{d}.json").read_text())["status"] == "ok"
+        assert (repo / "logs" / r.relative_to(repo / "runs") / "train.log").is_file()
+    res = repo / "results" / "smoke"
+    for f in ("main.csv", "main.md", "runs.csv", "claims.md", "REPORT.md", "figures/norm_per_loop.png"):
+        assert (res / f).is_file(), f
+    assert len(read_table(res / "runs.csv")) == 2
+    assert not list((repo / "runs" / "smoke").rglob("state.pt"))  # removed once a run is finished
+    assert git(repo, "status", "--porcelain") == ""  # outputs are ignored by git (except results/cpu)
+
+
+@pytest.mark.slow
+def test_nothing_to_do_in_a_fresh_copy(smoke_local, tmp_path):
+    repo = fresh_copy(smoke_local[0], tmp_path / "repo")
+    assert dry_run(repo) == []
+    t0 = time.monotonic()
+    out = smk(repo, "--cores", "all", *SMOKE)
+    assert "Nothing to be done" in out.stdout + out.stderr
+    assert time.monotonic() - t0 < 60
+
+
+@pytest.mark.slow
+def test_touching_diagnostics_reruns_evaluations_not_training(smoke_local, tmp_path):
+    repo = fresh_copy(smoke_local[0], tmp_path / "repo")
+    (repo / "src" / "loopscale" / "diagnostics.py").touch()
+    c = counts(dry_run(repo))
+    n = len(smoke_runs(repo))
+    assert c == {"depth_eval": n, "diagnostic": 6 * n, "aggregate": 1, "figures": 1, "report": 1, "all": 1}
+
+
+@pytest.mark.slow
+def test_eval_setting_reruns_evaluations_not_training(smoke_local, tmp_path):
+    repo = fresh_copy(smoke_local[0], tmp_path / "repo")
+    edit_params(repo, lambda p: p["experiments"]["smoke"].__setitem__("eval", {"max_tokens": 2048}))
+    c = counts(dry_run(repo))
+    assert "train" not in c and "prepare_data" not in c and c["depth_eval"] == len(smoke_runs(repo))
+
+
+@pytest.mark.slow
+def test_adding_a_seed_trains_only_the_new_runs(smoke_local, tmp_path):
+    repo = fresh_copy(smoke_local[0], tmp_path / "repo")
+    edit_params(repo, lambda p: p["experiments"]["smoke"].__setitem__("seeds", [42, 7]))
+    jobs = dry_run(repo)
+    trains = [o for r, o in jobs if r == "train"]
+    assert len(trains) == 2 and all("/seed7/" in o for o in trains)
+    assert all("/seed7/" in o for r, o in jobs if r in ("depth_eval", "diagnostic"))
+    assert "prepare_data" not in counts(jobs)
+
+
+@pytest.mark.slow
+def test_changed_condition_reruns_only_it_and_a_divergence_is_recorded(smoke_local, tmp_path):
+    """Give one condition an lr that diverges: only its jobs + the aggregates rerun, and the
+    grid completes with the divergence in the tables."""
+    repo = fresh_copy(smoke_local[0], tmp_path / "repo")
+    target = "raw-per_loop-none-residual"
+
+    def edit(p):
+        p["experiments"]["smoke"]["conditions"] = [
+            {"readout": "rmsnorm", "loss": "per_loop"},
+            {"readout": "raw", "loss": "per_loop", "overrides": {"train": {"lr": 1.0e4}}},
+        ]
+    edit_params(repo, edit)
+    jobs = dry_run(repo)
+    c = counts(jobs)
+    assert c == {"train": 1, "depth_eval": 1, "diagnostic": 6, "aggregate": 1, "figures": 1, "report": 1, "all": 1}
+    assert all(target in o for r, o in jobs if r in ("train", "depth_eval", "diagnostic"))
+
+    other = repo / "runs" / "smoke" / "smoke" / "rmsnorm-per_loop-none-residual" / "seed42"
+    untouched = tree_digest(other, dirs=(".",))
+    smk(repo, "--cores", "2", "--keep-going", *SMOKE)
+    summary = json.loads((repo / "runs" / "smoke" / "smoke" / target / "seed42" / "summary.json").read_text())
+    assert summary["status"] == "diverged"
+    rows = {r["condition_id"]: r["status"] for r in read_table(repo / "results" / "smoke" / "runs.csv")}
+    assert rows == {target: "diverged", "rmsnorm-per_loop-none-residual": "completed"}
+    assert tree_digest(other, dirs=(".",)) == untouched
+    assert dry_run(repo) == []
+
+
+@pytest.mark.slow
+def test_bad_params_fail_fast_and_leave_a_completed_run_byte_identical(smoke_local, tmp_path):
+    """An unknown key, a wrong type and an unknown condition value: `snakemake -n` stops
+    with one line naming the key, before any job, and no file changes."""
+    repo = fresh_copy(smoke_local[0], tmp_path / "repo")
+    before = tree_digest(repo)
+    good = (repo / "params.yaml").read_text()
+    cases = [
+        (good.replace("train: {max_steps: 20, threads: 1}", "train: {max_stepz: 20, threads: 1}"),
+         "params.yaml: unknown key 'experiments.smoke.train.max_stepz'"),
+        (good.replace("seeds: [42]\n    conditions: blind_spot", "seeds: [forty-two]\n    conditions: blind_spot"),
+         "params.yaml: experiments.smoke.seeds[0]: 'forty-two' is not of type 'integer'"),
+        (good.replace("  blind_spot:\n    - {readout: rmsnorm, loss: per_loop}\n",
+                      "  blind_spot:\n    - {readout: rms, loss: per_loop}\n"),
+         "params.yaml: condition_sets.blind_spot[0].readout: unknown value 'rms'; "
+         "choose one of rmsnorm, layernorm, raw, final_norm"),
+    ]
+    for text, message in cases:
+        assert text != good
+        (repo / "params.yaml").write_text(text)
+        proc = smk(repo, "-n", *SMOKE, check=False)
+        assert proc.returncode != 0
+        assert proc.stderr.strip().splitlines() == [f"loopscale pipeline: error: {message}"]
+        assert proc.stdout.strip() == ""
+        assert tree_digest(repo) == before
+
+
+# ---------------------------------------------------------------------------
+# slow: DVC
+# ---------------------------------------------------------------------------
+@pytest.mark.slow
+def test_dvc_repro_push_pull(smoke_local, tmp_path, record_property):
+    """`dvc repro smoke` runs the grid; a second repro is a no-op; after `dvc push`, a fresh
+    clone's `dvc pull` + `snakemake --touch` needs no training, evaluation or data prep."""
+    a = copy_worktree(tmp_path / "a")
+    t0 = time.monotonic()
+    run([DVC, "repro", "smoke"], a)
+    record_property("smoke_dvc_repro_s", round(time.monotonic() - t0, 1))
+    assert all(json.loads((r / "summary.json").read_text())["status"] == "completed" for r in smoke_runs(a))
+    assert_same_tables(a / "results" / "smoke", smoke_local[0] / "results" / "smoke")  # deterministic on CPU
+
+    t0 = time.monotonic()
+    out = run([DVC, "repro", "smoke"], a).stdout
+    assert "didn't change" in out and time.monotonic() - t0 < 30
+    assert dry_run(a) == []
+
+    git(a, "add", "dvc.lock")
+    git(a, "commit", "-q", "-m", "dvc.lock of the smoke stage")
+    run([DVC, "push", "smoke"], a)
+    assert (tmp_path / "loopscale-dvc-remote").is_dir()  # the default remote: ../loopscale-dvc-remote
+
+    b = tmp_path / "b"
+    subprocess.run(["git", "clone", "-q", str(a), str(b)], check=True)
+    run([DVC, "pull", "smoke"], b)
+    assert len(smoke_runs(b)) == len(smoke_runs(a))
+    smk(b, "--touch", "--cores", "1", *SMOKE)
+    rules = counts(dry_run(b))
+    # results/smoke is neither in git nor in the DVC cache (cache: false): only the
+    # aggregates are rebuilt, nothing is retrained or re-evaluated
+    assert not {"prepare_data", "train", "depth_eval", "diagnostic"} & set(rules), rules
