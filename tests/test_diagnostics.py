@@ -268,6 +268,24 @@ def test_dynamic_execution_matches_the_model(env):
         assert float(loops) == run.K * y.numel()
 
 
+@pytest.mark.parametrize("policy", Hl.POLICIES)
+def test_dynamic_early_exit_matches_posthoc(env, policy):
+    run = _open(env, "rmsnorm", "eval.batch_size=4")
+    starts = G.windows(run, 1024)
+    ce, conf = Hl.collect(run, starts)
+    c = conf[policy].mean(axis=1)  # window confidences [S, K]
+    tau = float(np.median(c[:, 0]))  # half the windows leave after loop 1
+    mean_ce, mean_loops, exits = Hl.outcomes(ce, conf[policy], np.array([tau]), "sequence")
+    assert 0 < (exits[0] == 0).sum() < len(starts)
+    ce_sum = loops = 0.0
+    for x, y in G.batches(run, starts):
+        c_b, l_b = Hl.dynamic_batch(run.model, x, y, policy, tau)
+        ce_sum, loops = ce_sum + float(c_b), loops + float(l_b)
+    n = len(starts) * run.seq_len
+    assert ce_sum / n == pytest.approx(float(mean_ce[0]), rel=1e-5)
+    assert loops / n == pytest.approx(float(mean_loops[0]))
+
+
 def test_halting_calibration(env):
     run = _open(env, "rmsnorm")
     res, n = G.RUNNERS["halting"](run)

@@ -538,6 +538,8 @@ def _common(p) -> None:
                    help="override an eval setting, e.g. --set eval.max_tokens=65536 (repeatable)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda", "mps"), default=None,
                    help="device (default: the run's eval.device)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch CPU threads (0: torch's default); small models on busy CPUs run faster with 1")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
 
 
@@ -545,7 +547,15 @@ def _summary_line(result: dict) -> str:
     return json.dumps({k: result.get(k) for k in ("diagnostic", "status", "tokens", "wall_time_s")})
 
 
+def _threads(args) -> None:
+    if args.threads < 0:
+        raise ConfigError(f"--threads must be >= 0, got {args.threads}")
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+
 def cmd_eval(args) -> int:
+    _threads(args)
     result = run_diagnostic(args.diagnostic, args.model, args.data, args.out, args.overrides, args.device,
                             progress=not args.quiet)
     print(_summary_line(result))
@@ -553,6 +563,7 @@ def cmd_eval(args) -> int:
 
 
 def cmd_eval_all(args) -> int:
+    _threads(args)
     results = run_all(args.model, args.data, args.outdir, args.overrides, args.device, progress=not args.quiet)
     for r in results.values():
         print(_summary_line(r))

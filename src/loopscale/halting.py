@@ -183,21 +183,25 @@ def dynamic_batch(model, x: torch.Tensor, y: torch.Tensor, policy: Optional[str]
     return ce_sum, loops
 
 
-def _timed_pass(run: EvalRun, data: list, policy: Optional[str], tau: Optional[float]) -> tuple[float, float, float]:
-    """(seconds, mean CE, mean loops) of a dynamic pass over pre-loaded batches."""
+def timed_passes(run: EvalRun, data: list, variants: dict) -> dict:
+    """Time several executions of the same pre-loaded batches, interleaved batch by batch (so
+    a change in machine load hits all of them alike). variants: {name: (policy, τ)}.
+    Returns {name: (seconds, mean CE, mean loops)}."""
     model, dev = run.model, run.device
-    _sync(dev)
-    t0 = time.perf_counter()
-    ce_sum = torch.zeros((), dtype=torch.float64, device=dev)
-    loops = torch.zeros((), dtype=torch.float64, device=dev)
+    secs = {v: 0.0 for v in variants}
+    ce_sum = {v: torch.zeros((), dtype=torch.float64, device=dev) for v in variants}
+    loops = {v: torch.zeros((), dtype=torch.float64, device=dev) for v in variants}
     for x, y in data:
-        c, l = dynamic_batch(model, x, y, policy, tau)
-        ce_sum += c
-        loops += l
-    _sync(dev)
-    dt = time.perf_counter() - t0
+        for v, (policy, tau) in variants.items():
+            _sync(dev)
+            t0 = time.perf_counter()
+            c, l = dynamic_batch(model, x, y, policy, tau)
+            _sync(dev)
+            secs[v] += time.perf_counter() - t0
+            ce_sum[v] += c
+            loops[v] += l
     n = sum(y.numel() for _, y in data)
-    return dt, float(ce_sum) / n, float(loops) / n
+    return {v: (secs[v], float(ce_sum[v]) / n, float(loops[v]) / n) for v in variants}
 
 
 def halting(run: EvalRun) -> tuple[dict, int]:
@@ -229,17 +233,20 @@ def halting(run: EvalRun) -> tuple[dict, int]:
     for i in range(0, len(test_starts), bs):
         x, y = D.get_batch(run.tokens, test_starts[i:i + bs], run.seq_len)
         data.append((x.to(run.device), y.to(run.device)))
-    dynamic_batch(run.model, *data[0], None, None)  # warm-up: full depth, then one early-exit pass
-    warm = next((p for p in POLICIES if policies[f"{p}/sequence"]["threshold"] is not None), None)
-    if warm is not None:
-        dynamic_batch(run.model, *data[0], warm, policies[f"{warm}/sequence"]["threshold"])
-    full_s, full_ce, _ = _timed_pass(run, data, None, None)
+    early = {p: policies[f"{p}/sequence"]["threshold"] for p in POLICIES}
+    variants = {"full_depth": (None, None), **{p: (p, tau) for p, tau in early.items() if tau is not None}}
+    for policy, tau in variants.values():  # warm-up: one batch of each execution
+        dynamic_batch(run.model, *data[0], policy, tau)
+    timed = timed_passes(run, data, variants)
+    full_s, full_ce, _ = timed["full_depth"]
     dynamic = {"full_depth": {"time_s": full_s, "ppl": _ppl(full_ce), "mean_loops": float(K)}}
     for p in POLICIES:
         pol = policies[f"{p}/sequence"]
-        tau = pol["threshold"]
-        dt, dce, dloops = _timed_pass(run, data, p if tau is not None else None, tau)
-        dynamic[p] = {"threshold": tau, "time_s": dt, "speedup": full_s / dt if dt > 0 else None,
+        if p in timed:
+            dt, dce, dloops = timed[p]
+        else:  # never exits early: the dynamic execution is the full-depth one
+            dt, dce, dloops = full_s, full_ce, float(K)
+        dynamic[p] = {"threshold": early[p], "time_s": dt, "speedup": full_s / dt if dt > 0 else None,
                       "mean_loops": dloops, "ppl": _ppl(dce), "ppl_ratio": _ppl(dce) / _ppl(full_ce),
                       "posthoc_ppl": pol["test"]["ppl"]}
     payload = {"k_train": K, "epsilon": e.halting_epsilon, "target_ppl_ratio": 1 + e.halting_epsilon,
