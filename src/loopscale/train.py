@@ -168,7 +168,7 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
 
     env = run_environment(str(device))
     atomic_write_json(out / "config.json", {"config": cfg.to_dict(), "env": env, "data": {
-        k: meta.get(k) for k in ("vocab_size", "tokens", "source_fingerprint", "tokenizer_fingerprint")}})
+        k: meta.get(k) for k in ("vocab_size", "tokens", "source_sha256", "tokenizer_sha256")}})
 
     def state_dict(status="running"):
         return {"model": model.state_dict(), "optimizer": opt.state_dict(), "config": cfg.to_dict(),
