@@ -16,7 +16,9 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, truncated, corrupted or belongs to another model."""
 
 
-def _atomic(path: str | os.PathLike, write) -> Path:
+def atomic_write(path: str | os.PathLike, write) -> Path:
+    """Call `write(binary_file)` on a temporary file beside `path`, then rename it over `path`:
+    a crash never leaves a truncated file under the final name."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
@@ -36,7 +38,7 @@ def _atomic(path: str | os.PathLike, write) -> Path:
 
 
 def atomic_write_bytes(path, data: bytes) -> Path:
-    return _atomic(path, lambda f: f.write(data))
+    return atomic_write(path, lambda f: f.write(data))
 
 
 def atomic_write_text(path, text: str) -> Path:
@@ -58,7 +60,7 @@ def _jsonable(o):
 
 
 def atomic_torch_save(path, obj: Any) -> Path:
-    return _atomic(path, lambda f: torch.save(obj, f))
+    return atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def load_checkpoint(path, map_location="cpu") -> dict:

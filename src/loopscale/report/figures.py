@@ -7,8 +7,6 @@ figures. Only completed runs are drawn; seed means are lines, single seeds faint
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Callable, Optional
 
@@ -19,6 +17,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter  # noqa: E402
 
+from ..io import atomic_write
 from .aggregate import (Group, depth_curve, exits, final_exit, group_runs, lemma_loops, norm_histogram, norm_loops,
                         radial_loops, stats, throughput_curve, training_norms)
 from .runs import CANONICAL_ORDER, Condition, Run, finite, _LOSS_ORDER, _READOUT_ORDER, _REC_ORDER, _REG_ORDER
@@ -104,22 +103,11 @@ def _legend(fig, groups: list[Group], extra: Optional[list] = None) -> None:
 
 def _save(fig, path: Path) -> Path:
     """Atomic PNG write (temp file in the same directory, then os.replace); no timestamps."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".png", dir=path.parent)
-    os.close(fd)
     try:
-        fig.savefig(tmp, format="png", bbox_inches="tight", metadata={"Software": None})
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+        return atomic_write(path, lambda f: fig.savefig(f, format="png", bbox_inches="tight",
+                                                        metadata={"Software": None}))
     finally:
         plt.close(fig)
-    return path
 
 
 def _empty(ax, what: str) -> None:
