@@ -59,6 +59,16 @@ WILDCARDS = {
 }
 
 
+# libyaml when available: the same text as the pure-Python dumper, ~10x faster (the
+# paper grid writes 108 config files on every Snakemake start)
+_Dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def _dump(d: dict) -> str:
+    return yaml.dump(d, Dumper=_Dumper, sort_keys=False)
+
+
 class ParamsError(ValueError):
     """A bad params.yaml. The message is one line and names the offending key."""
 
@@ -135,7 +145,7 @@ def data_dir(exp: str) -> str:
 def load_params(path: str | os.PathLike) -> dict:
     try:
         with open(path) as f:
-            params = yaml.safe_load(f)
+            params = yaml.load(f, Loader=_Loader)
     except FileNotFoundError:
         raise ParamsError(f"{path}: file not found") from None
     except yaml.YAMLError as e:
@@ -150,7 +160,7 @@ def load_params(path: str | os.PathLike) -> dict:
 
 def load_schema(path: str | os.PathLike) -> dict:
     with open(path) as f:
-        return yaml.safe_load(f)
+        return yaml.load(f, Loader=_Loader)
 
 
 def _key(path: Iterable) -> str:
@@ -376,10 +386,10 @@ def config_texts(run: Run) -> tuple[str, str]:
     """(config.yaml, train-config.yaml) texts of a run."""
     d = run.config.to_dict()
     full = _HEADER.format(what=f"experiment {run.experiment}, run {run.size}/{run.condition.id}/seed{run.seed}")
-    full += yaml.safe_dump(d, sort_keys=False)
+    full += _dump(d)
     train_only = {k: v for k, v in d.items() if k != "eval"}
     tr = _HEADER.format(what="the settings the trained weights depend on: config.yaml minus eval")
-    tr += yaml.safe_dump(train_only, sort_keys=False)
+    tr += _dump(train_only)
     return full, tr
 
 
@@ -389,8 +399,7 @@ def materialize(exp: Experiment, root: str | os.PathLike = ".") -> list[str]:
     Returns the paths that were (re)written."""
     root = Path(root)
     written = []
-    text = _HEADER.format(what=f"experiment {exp.name}, data settings") + yaml.safe_dump({"data": exp.data},
-                                                                                       sort_keys=False)
+    text = _HEADER.format(what=f"experiment {exp.name}, data settings") + _dump({"data": exp.data})
     if write_if_changed(root / exp.data_dir / "config.yaml", text):
         written.append(f"{exp.data_dir}/config.yaml")
     for run in exp.runs:
