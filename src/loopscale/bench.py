@@ -1,0 +1,541 @@
+"""`loopscale bench`: training and evaluation speed, FLOP/s, MFU and memory of one config.
+
+  loopscale bench --preset cpu [--set k=v ...] [--steps N] [--warmup N] [--out FILE.json] [--compile]
+
+Everything runs on random token batches (no corpus needed), with exactly the training step
+of `loopscale train` (forward, objective, backward, clipping, the divergence check, AdamW).
+
+Measured:
+  peak        the machine's matmul peak: a large square matmul in the training dtype
+              (fp32 2048^3 on CPU, bf16 8192^3 on CUDA), best and median of timed repetitions
+  train       tokens/s = batch tokens / median step time after warm-up; model FLOP/s with the
+              FLOP count stated (forward + backward = 3x the forward matmul FLOPs; the shared
+              stack counted once per loop, the vocabulary head once per readout that enters
+              the loss); MFU = model FLOP/s / measured peak
+  eval        teacher-forced evaluation tokens/s at every depth k = 1..K (k loops + one
+              final readout with its CE), fp32, dropout off, median of timed batches
+  memory      one training step in a fresh subprocess per variant: CPU peak RSS (ru_maxrss is
+              a process high-water mark, hence the fresh process, warmed up with a 1-sequence
+              step so that gradients, optimiser state and thread pools already exist), or CUDA
+              max_memory_allocated; the default objective.ce_impl=chunked against ce_impl=plain
+              (K full [tokens, vocab] logit tensors through F.cross_entropy)
+
+Named shapes beyond the presets: `--preset paper-cpu` is the paper's architecture scaled to
+fit a CPU (d 256, 4 layers, 4 heads of 64, SwiGLU 1024, vocabulary 8192, seq 256, batch 16,
+K 4, per-loop CE).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+
+from .config import RunConfig, merge, preset
+from .model import LoopedLM, count_params, flops_per_token
+from .objective import compute_loss, linear_cross_entropy
+
+# bench-only shapes: (base preset, overrides)
+BENCH_SHAPES: dict[str, tuple[str, dict]] = {
+    "paper-cpu": ("cpu", dict(model=dict(vocab_size=8192, d_model=256, n_layers=4, n_heads=4, d_ff=1024,
+                                         seq_len=256, n_loops=4),
+                              objective=dict(loss="per_loop"),
+                              train=dict(batch_size=16), eval=dict(batch_size=16))),
+}
+
+
+# ---------------------------------------------------------------------------
+# small helpers
+# ---------------------------------------------------------------------------
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def use_bf16(device: torch.device, precision: str) -> bool:
+    """Same rule as training: bf16 autocast on CUDA under `auto`, or when asked for."""
+    return precision == "bf16" or (precision == "auto" and device.type == "cuda")
+
+
+def autocast(device: torch.device, precision: str):
+    return torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16(device, precision) else nullcontext()
+
+
+def enable_tf32(device: torch.device) -> None:
+    """TF32 tensor cores for the fp32 matmuls that autocast leaves in fp32 (CUDA only)."""
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+
+
+def _proc_status_kib(field: str) -> int | None:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def current_rss() -> int:
+    """Resident set size of this process now, bytes (Linux /proc; falls back to the high-water mark)."""
+    kib = _proc_status_kib("VmRSS")
+    return kib * 1024 if kib is not None else max_rss()
+
+
+def max_rss() -> int:
+    """Peak resident set size of this process so far, bytes (VmHWM = ru_maxrss)."""
+    kib = _proc_status_kib("VmHWM")
+    if kib is not None:
+        return kib * 1024
+    r = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return r if sys.platform == "darwin" else r * 1024
+
+
+def reset_max_rss() -> bool:
+    """Reset the peak-RSS high-water mark to the current RSS (Linux >= 4.0: clear_refs 5)."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def environment(device: torch.device) -> dict:
+    from .io import git_commit
+    env = {"torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
+           "device": str(device), "threads": torch.get_num_threads(), "cpu": cpu_name(),
+           "cpu_count": os.cpu_count(), "git_commit": git_commit()}
+    try:
+        env["load_average_1m"] = os.getloadavg()[0]
+    except OSError:
+        pass
+    if device.type == "cuda":
+        env["gpu"] = torch.cuda.get_device_name(device)
+    return env
+
+
+def bench_config(name: str | None, overrides: dict | None = None) -> RunConfig:
+    """A preset or bench shape plus nested overrides."""
+    if name in BENCH_SHAPES:
+        base, extra = BENCH_SHAPES[name]
+        d = merge(preset(base).to_dict(), extra)
+    else:
+        d = preset(name or "cpu").to_dict()
+    if overrides:
+        d = merge(d, overrides, "override")
+    return RunConfig.from_dict(d)
+
+
+# ---------------------------------------------------------------------------
+# FLOPs
+# ---------------------------------------------------------------------------
+def flop_count(cfg: RunConfig) -> dict:
+    """Model FLOPs of one training token and how they are counted."""
+    m = cfg.model
+    K = m.n_loops
+    R = K if cfg.objective.loss == "per_loop" else 1  # readouts whose CE enters the loss
+    fwd = flops_per_token(m, K, R)
+    head = R * 2 * m.d_model * m.vocab_size
+    return {"forward_per_token": fwd, "train_per_token": 3 * fwd, "stack_forward_per_token": fwd - head,
+            "head_forward_per_token": head, "loops": K, "readouts": R,
+            "rule": ("train = 3 x forward matmul FLOPs (2 per multiply-add); forward = K x n_layers x "
+                     "[2(4d^2 + 3 d d_ff) + 2 T d (causal QK^T and AV)] + readouts x 2 d V; embeddings, "
+                     "norms, softmax and optimizer not counted; the chunked CE adds no recomputation")}
+
+
+# ---------------------------------------------------------------------------
+# matmul peak
+# ---------------------------------------------------------------------------
+def matmul_peak(device: torch.device, dtype: torch.dtype, n: int | None = None, reps: int = 10,
+                warmup: int = 3) -> dict:
+    """FLOP/s of an n x n x n matmul in `dtype`: best and median of `reps` timed runs."""
+    n = n or (8192 if device.type == "cuda" else 2048)
+    g = torch.Generator(device="cpu").manual_seed(0)
+    a = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
+    b = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
+    out = torch.empty(n, n, device=device, dtype=dtype)
+    for _ in range(warmup):
+        torch.mm(a, b, out=out)
+    sync(device)
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch.mm(a, b, out=out)
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    flops = 2 * n ** 3
+    return {"dtype": str(dtype).replace("torch.", ""), "n": n, "flops": flops, "reps": reps,
+            "best_s": min(times), "median_s": statistics.median(times),
+            "flop_per_s": flops / min(times), "flop_per_s_median": flops / statistics.median(times)}
+
+
+# ---------------------------------------------------------------------------
+# the training step (exactly train.py's)
+# ---------------------------------------------------------------------------
+class Trainer:
+    """Model, AdamW and the training step of `loopscale train`, on random token batches."""
+
+    def __init__(self, cfg: RunConfig, device: torch.device, compile: bool = False, seed: int = 0):
+        tc = cfg.train
+        self.cfg, self.device = cfg, device
+        torch.manual_seed(seed)
+        self.model = LoopedLM(cfg.model).to(device)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=tc.lr, betas=tuple(tc.betas),
+                                     weight_decay=tc.weight_decay, fused=device.type == "cuda")
+        self.fwd = torch.compile(self.model) if compile else self.model
+        self.model.train()
+
+    def batch(self, batch_size: int | None = None, generator: torch.Generator | None = None):
+        B = batch_size or self.cfg.train.batch_size
+        V, T = self.cfg.model.vocab_size, self.cfg.model.seq_len
+        x = torch.randint(0, V, (B, T), generator=generator)
+        y = torch.randint(0, V, (B, T), generator=generator)
+        return x.to(self.device), y.to(self.device)
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        tc = self.cfg.train
+        with autocast(self.device, tc.precision):
+            states = self.fwd(x)
+            res = compute_loss(self.model, states, y, self.cfg.objective, all_exits=False)
+        self.opt.zero_grad(set_to_none=True)
+        res.total.backward()
+        gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip)
+        nonfinite = ~(torch.isfinite(res.total) & torch.isfinite(gnorm) & torch.isfinite(res.norms).all())
+        if bool(nonfinite):
+            raise FloatingPointError("non-finite loss or gradient in the benchmark step")
+        self.opt.step()
+
+
+def bench_train(cfg: RunConfig, device: torch.device, steps: int, warmup: int, compile: bool = False) -> dict:
+    tr = Trainer(cfg, device, compile)
+    g = torch.Generator().manual_seed(1)
+    batches = [tr.batch(generator=g) for _ in range(min(steps + warmup, 4))]
+    times, faults = [], []
+    first = None
+    for i in range(warmup + steps):
+        x, y = batches[i % len(batches)]
+        sync(device)
+        f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+        t0 = time.perf_counter()
+        tr.step(x, y)
+        sync(device)
+        dt = time.perf_counter() - t0
+        if i == 0:
+            first = dt
+        if i >= warmup:
+            times.append(dt)
+            faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
+    tokens = cfg.train.batch_size * cfg.model.seq_len
+    med = statistics.median(times)
+    fl = flop_count(cfg)
+    out = {"batch_size": cfg.train.batch_size, "seq_len": cfg.model.seq_len, "batch_tokens": tokens,
+           "steps": steps, "warmup": warmup, "compile": compile,
+           "precision": "bf16-autocast" if use_bf16(device, cfg.train.precision) else "fp32",
+           "first_step_s": first, "median_step_s": med, "min_step_s": min(times), "max_step_s": max(times),
+           "step_times_s": times, "tokens_per_s": tokens / med,
+           "flop_per_s": fl["train_per_token"] * tokens / med, "flops": fl}
+    if device.type == "cpu":
+        out["minor_page_faults_per_step"] = statistics.median(faults)
+    return out, tr
+
+
+# ---------------------------------------------------------------------------
+# evaluation throughput per depth
+# ---------------------------------------------------------------------------
+@torch.inference_mode()
+def bench_eval(cfg: RunConfig, model: torch.nn.Module, device: torch.device, batches: int, warmup: int,
+               fwd=None) -> dict:
+    """Tokens/s of teacher-forced evaluation at each depth k = 1..K (fp32, dropout off)."""
+    fwd = fwd or model
+    was_training = model.training
+    model.eval()
+    B, T, V = cfg.eval.batch_size, cfg.model.seq_len, cfg.model.vocab_size
+    g = torch.Generator().manual_seed(2)
+    data = [(torch.randint(0, V, (B, T), generator=g).to(device), torch.randint(0, V, (B, T), generator=g).to(device))
+            for _ in range(min(batches + warmup, 3))]
+    rows = []
+    try:
+        for k in range(1, cfg.model.n_loops + 1):
+            times = []
+            for i in range(warmup + batches):
+                x, y = data[i % len(data)]
+                sync(device)
+                t0 = time.perf_counter()
+                h = fwd(x, n_loops=k)[-1]
+                linear_cross_entropy(model.readout(h, final=True), model.head_weight, y)
+                sync(device)
+                if i >= warmup:
+                    times.append(time.perf_counter() - t0)
+            med = statistics.median(times)
+            fpt = flops_per_token(cfg.model, k, 1)
+            rows.append({"k": k, "tokens_per_s": B * T / med, "median_s": med, "min_s": min(times),
+                         "forward_flops_per_token": fpt, "flop_per_s": fpt * B * T / med})
+    finally:
+        model.train(was_training)
+    return {"batch_size": B, "seq_len": T, "batches": batches, "warmup": warmup, "precision": "fp32",
+            "depth": rows}
+
+
+# ---------------------------------------------------------------------------
+# memory of one training step, in a fresh process
+# ---------------------------------------------------------------------------
+# glibc: every allocation >= 64 KiB is its own mapping, returned to the OS when freed, so the
+# resident set follows the live tensors (the dynamic mmap threshold would otherwise keep freed
+# blocks in the heap and blur the measurement)
+_MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "131072"}
+
+
+def _memory_child(payload: dict) -> dict:
+    cfg = RunConfig.from_dict(payload["config"])
+    device = torch.device(payload["device"])
+    if payload.get("threads"):
+        torch.set_num_threads(payload["threads"])
+    enable_tf32(device)
+    tr = Trainer(cfg, device, compile=False)
+    # warm-up with one sequence: creates gradients, AdamW state, thread pools and kernels at
+    # negligible activation memory, so the high-water mark is set by the measured step alone
+    tr.step(*tr.batch(1, torch.Generator().manual_seed(3)))
+    x, y = tr.batch(generator=torch.Generator().manual_seed(4))
+    gc.collect()
+    state_bytes = sum(p.numel() * p.element_size() * 4 for p in tr.model.parameters())  # w, grad, m, v
+    if device.type == "cuda":
+        sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        tr.step(x, y)
+        sync(device)
+        peak = torch.cuda.max_memory_allocated(device)
+        return {"method": "torch.cuda.max_memory_allocated", "base_bytes": base, "peak_bytes": peak,
+                "step_bytes": peak - base, "model_state_bytes": state_bytes}
+    reset = reset_max_rss()  # else: the fresh process's high-water mark so far
+    base, hw0 = current_rss(), max_rss()
+    tr.step(x, y)
+    hw1 = max_rss()
+    return {"method": "peak RSS (VmHWM, reset before the step) minus the RSS before the step, fresh process"
+                      if reset else "ru_maxrss high-water mark of a fresh process minus the RSS before the step",
+            "base_bytes": base, "peak_bytes": hw1, "step_bytes": hw1 - base, "model_state_bytes": state_bytes,
+            "reliable": reset or hw1 > hw0}
+
+
+def measure_memory(cfg: RunConfig, device: torch.device, threads: int | None = None, timeout: float = 1800) -> dict:
+    """Peak memory of one training step of `cfg`, measured in a fresh Python process."""
+    payload = {"config": cfg.to_dict(), "device": str(device), "threads": threads}
+    env = dict(os.environ, **(_MEMORY_ENV if device.type == "cpu" else {}))
+    src = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    proc = subprocess.run([sys.executable, "-m", "loopscale.bench", "--memory-child"], input=json.dumps(payload),
+                          capture_output=True, text=True, env=env, timeout=timeout)
+    if proc.returncode != 0:
+        raise RuntimeError(f"memory measurement subprocess failed: {proc.stderr.strip()[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def memory_comparison(cfg: RunConfig, device: torch.device, threads: int | None = None) -> dict:
+    """Training-step memory with the chunked CE (as configured) against the plain CE."""
+    out = {}
+    for impl in ("chunked", "plain"):
+        c = RunConfig.from_dict(merge(cfg.to_dict(), {"objective": {"ce_impl": impl}}))
+        out[impl] = measure_memory(c, device, threads)
+    m, n = cfg.model, cfg.train.batch_size * cfg.model.seq_len
+    R = m.n_loops if cfg.objective.loss == "per_loop" else 1
+    acc = 4  # logits and softmax in fp32
+    out["ratio_step"] = out["chunked"]["step_bytes"] / max(out["plain"]["step_bytes"], 1)
+    out["ratio_peak"] = out["chunked"]["peak_bytes"] / max(out["plain"]["peak_bytes"], 1)
+    out["logit_tensor_bytes"] = n * m.vocab_size * acc
+    out["plain_saved_logit_bytes"] = R * n * m.vocab_size * acc  # one [n, V] softmax per readout kept for backward
+    out["chunked_block_bytes"] = min(cfg.objective.ce_chunk_tokens, n) * m.vocab_size * acc
+    out["ce_chunk_tokens"] = cfg.objective.ce_chunk_tokens
+    return out
+
+
+# ---------------------------------------------------------------------------
+# profile
+# ---------------------------------------------------------------------------
+def profile_step(tr: Trainer, top: int = 25) -> dict:
+    """Top operators (self time) of one training step, via torch.profiler."""
+    from torch.profiler import ProfilerActivity, profile
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if tr.device.type == "cuda" else [])
+    x, y = tr.batch(generator=torch.Generator().manual_seed(5))
+    tr.step(x, y)
+    with profile(activities=acts) as prof:
+        tr.step(x, y)
+        sync(tr.device)
+    key = "self_cuda_time_total" if tr.device.type == "cuda" else "self_cpu_time_total"
+    ev = sorted(prof.key_averages(), key=lambda e: getattr(e, key.replace("cuda", "device"), 0) or getattr(e, key, 0),
+                reverse=True)
+    total = sum(getattr(e, "self_device_time_total" if tr.device.type == "cuda" else "self_cpu_time_total", 0)
+                for e in prof.key_averages())
+    rows = []
+    for e in ev[:top]:
+        t = getattr(e, "self_device_time_total" if tr.device.type == "cuda" else "self_cpu_time_total", 0)
+        rows.append({"op": e.key, "calls": e.count, "self_ms": t / 1e3, "share": t / max(total, 1)})
+    return {"total_self_ms": total / 1e3, "top": rows}
+
+
+# ---------------------------------------------------------------------------
+# the whole benchmark
+# ---------------------------------------------------------------------------
+def run_bench(cfg: RunConfig, *, steps: int = 5, warmup: int = 2, compile: bool = False, eval_batches: int = 5,
+              eval_warmup: int = 1, memory: bool = True, do_eval: bool = True, profile: bool = False,
+              threads: int | None = None, device: str | None = None, log=print) -> dict:
+    dev = resolve_device(device or cfg.train.device)
+    if threads:
+        torch.set_num_threads(threads)
+    elif cfg.train.threads > 0:
+        torch.set_num_threads(cfg.train.threads)
+    enable_tf32(dev)
+    result = {"config": cfg.to_dict(), "params": count_params(cfg.model), "env": environment(dev)}
+    peak_dtype = torch.bfloat16 if use_bf16(dev, cfg.train.precision) else torch.float32
+    log(f"[bench] {dev}, {torch.get_num_threads()} threads, {result['params'] / 1e6:.2f}M parameters; "
+        f"matmul peak ({peak_dtype}) ...")
+    result["peak"] = matmul_peak(dev, peak_dtype)
+    log(f"[bench] peak {result['peak']['flop_per_s'] / 1e9:.1f} GFLOP/s; training {warmup}+{steps} steps ...")
+    train, tr = bench_train(cfg, dev, steps, warmup, compile)
+    # the peak again after the training steps: the MFU uses the better of the two measurements
+    peak2 = matmul_peak(dev, peak_dtype)
+    result["peak"]["flop_per_s_after"] = peak2["flop_per_s"]
+    peak = max(result["peak"]["flop_per_s"], peak2["flop_per_s"])
+    result["peak"]["flop_per_s_used"] = peak
+    train["mfu"] = train["flop_per_s"] / peak
+    result["train"] = train
+    log(f"[bench] train {train['tokens_per_s']:.0f} tok/s, {train['flop_per_s'] / 1e9:.1f} GFLOP/s, "
+        f"MFU {100 * train['mfu']:.1f}%")
+    if profile:
+        result["profile"] = profile_step(tr)
+    if do_eval:
+        result["eval"] = bench_eval(cfg, tr.model, dev, eval_batches, eval_warmup, tr.fwd)
+        for r in result["eval"]["depth"]:
+            r["mfu"] = r["flop_per_s"] / peak
+        log("[bench] eval tok/s by depth: " + ", ".join(f"k={r['k']}: {r['tokens_per_s']:.0f}"
+                                                         for r in result["eval"]["depth"]))
+    del tr
+    gc.collect()
+    if memory:
+        log("[bench] memory: one training step per CE implementation, each in a fresh process ...")
+        result["memory"] = memory_comparison(cfg, dev, threads or (cfg.train.threads or None))
+    return result
+
+
+def _mib(b: float) -> str:
+    return f"{b / 2 ** 20:.0f} MiB"
+
+
+def summary(r: dict) -> str:
+    t, p, m = r["train"], r["peak"], r["config"]["model"]
+    lines = [
+        f"config      d={m['d_model']} layers={m['n_layers']} heads={m['n_heads']} d_ff={m['d_ff']} "
+        f"V={m['vocab_size']} T={m['seq_len']} K={m['n_loops']} batch={t['batch_size']} "
+        f"loss={r['config']['objective']['loss']} ({r['params'] / 1e6:.2f}M params)",
+        f"device      {r['env']['device']} ({r['env'].get('gpu') or r['env']['cpu']}), {r['env']['threads']} threads",
+        f"peak        {p['flop_per_s_used'] / 1e9:.1f} GFLOP/s ({p['dtype']} {p['n']}^3 matmul, best of {p['reps']})",
+        f"FLOPs       {t['flops']['train_per_token'] / 1e6:.1f} MFLOP/token trained "
+        f"(3 x {t['flops']['forward_per_token'] / 1e6:.1f} forward: stack x{t['flops']['loops']} "
+        f"{t['flops']['stack_forward_per_token'] / 1e6:.1f} + head x{t['flops']['readouts']} "
+        f"{t['flops']['head_forward_per_token'] / 1e6:.1f})",
+        f"train       {t['tokens_per_s']:.0f} tok/s, {t['median_step_s']:.3f} s/step (median of {t['steps']}), "
+        f"{t['flop_per_s'] / 1e9:.1f} GFLOP/s, MFU {100 * t['mfu']:.1f}% [{t['precision']}"
+        f"{', compiled' if t['compile'] else ''}]",
+    ]
+    if "eval" in r:
+        lines.append("eval        " + ", ".join(f"k={d['k']}: {d['tokens_per_s']:.0f} tok/s"
+                                                for d in r["eval"]["depth"]))
+    if "memory" in r:
+        mm = r["memory"]
+        lines.append(f"memory      step peak chunked {_mib(mm['chunked']['step_bytes'])} vs plain "
+                     f"{_mib(mm['plain']['step_bytes'])} (ratio {mm['ratio_step']:.2f}); process peak "
+                     f"{_mib(mm['chunked']['peak_bytes'])} vs {_mib(mm['plain']['peak_bytes'])} "
+                     f"(ratio {mm['ratio_peak']:.2f})")
+    if "profile" in r:
+        lines.append("profile     top ops by self time:")
+        for o in r["profile"]["top"][:15]:
+            lines.append(f"              {o['op'][:48]:48s} {o['self_ms']:9.1f} ms {100 * o['share']:5.1f}%  x{o['calls']}")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+# CLI
+# ---------------------------------------------------------------------------
+def cmd_bench(args) -> int:
+    from .cli import config_from_args
+    from .config import parse_overrides
+    from .io import atomic_write_json
+    if args.preset in BENCH_SHAPES and not args.config:
+        cfg = bench_config(args.preset, parse_overrides(args.overrides) if args.overrides else None)
+    else:
+        cfg = config_from_args(args)
+    r = run_bench(cfg, steps=args.steps, warmup=args.warmup, compile=args.compile, eval_batches=args.eval_batches,
+                  eval_warmup=args.eval_warmup, memory=not args.no_memory, do_eval=not args.no_eval,
+                  profile=args.profile, threads=args.threads, device=args.device,
+                  log=lambda s: print(s, file=sys.stderr, flush=True))
+    r["command"] = "loopscale " + " ".join(sys.argv[1:]) if sys.argv and "loopscale" in sys.argv[0] else None
+    print(summary(r))
+    if args.out:
+        atomic_write_json(args.out, r)
+        print(f"wrote {args.out}")
+    else:
+        print(json.dumps(r, indent=1))
+    return 0
+
+
+def add_cli(subparsers) -> None:
+    from .cli import add_config_args
+    p = subparsers.add_parser("bench", help="training/eval throughput, FLOP/s, MFU and step memory",
+                              description=__doc__.split("\n\n")[0],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_config_args(p)
+    p.add_argument("--steps", type=int, default=5, help="timed training steps (default 5)")
+    p.add_argument("--warmup", type=int, default=2, help="untimed warm-up steps (default 2)")
+    p.add_argument("--eval-batches", type=int, default=5, help="timed evaluation batches per depth")
+    p.add_argument("--eval-warmup", type=int, default=1, help="untimed evaluation batches per depth")
+    p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: train.threads or torch's)")
+    p.add_argument("--device", default=None, help="auto | cpu | cuda (default: train.device)")
+    p.add_argument("--no-memory", action="store_true", help="skip the subprocess memory measurement")
+    p.add_argument("--no-eval", action="store_true", help="skip the evaluation throughput")
+    p.add_argument("--profile", action="store_true", help="torch.profiler top ops of one training step")
+    p.add_argument("--out", help="write the JSON result here")
+    p.set_defaults(func=cmd_bench)
+
+
+def _child_main() -> int:
+    payload = json.loads(sys.stdin.read())
+    print(json.dumps(_memory_child(payload)))
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["--memory-child"]:
+        sys.exit(_child_main())
+    from .cli import main
+    sys.exit(main(["bench", *sys.argv[1:]]))
