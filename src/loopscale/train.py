@@ -126,6 +126,9 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
     if tc.threads > 0:
         torch.set_num_threads(tc.threads)
     device = resolve_device(tc.device)
+    if device.type == "cuda":  # TF32 tensor cores for the matmuls autocast leaves in fp32
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
 
     meta = D.load_meta(data_dir)
     if meta["vocab_size"] > mc.vocab_size:
