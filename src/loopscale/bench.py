@@ -188,16 +188,21 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, n: int | None = None, 
     for _ in range(warmup):
         torch.mm(a, b, out=out)
     sync(device)
-    times = []
+    times, cpu = [], []
     for _ in range(reps):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         torch.mm(a, b, out=out)
         sync(device)
         times.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
     flops = 2 * n ** 3
-    return {"dtype": str(dtype).replace("torch.", ""), "n": n, "flops": flops, "reps": reps,
-            "best_s": min(times), "median_s": statistics.median(times),
-            "flop_per_s": flops / min(times), "flop_per_s_median": flops / statistics.median(times)}
+    out = {"dtype": str(dtype).replace("torch.", ""), "n": n, "flops": flops, "reps": reps,
+           "threads": torch.get_num_threads() if device.type == "cpu" else None,
+           "best_s": min(times), "median_s": statistics.median(times),
+           "flop_per_s": flops / min(times), "flop_per_s_median": flops / statistics.median(times)}
+    if device.type == "cpu":  # per CPU-second x threads: the peak of an idle machine
+        out["flop_per_s_cpu_time"] = flops * torch.get_num_threads() / min(cpu)
+    return out
 
 
 # ---------------------------------------------------------------------------
@@ -241,20 +246,21 @@ def bench_train(cfg: RunConfig, device: torch.device, steps: int, warmup: int, c
     tr = Trainer(cfg, device, compile)
     g = torch.Generator().manual_seed(1)
     batches = [tr.batch(generator=g) for _ in range(min(steps + warmup, 4))]
-    times, faults = [], []
+    times, cpu_times, faults = [], [], []
     first = None
     for i in range(warmup + steps):
         x, y = batches[i % len(batches)]
         sync(device)
         f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         tr.step(x, y)
         sync(device)
-        dt = time.perf_counter() - t0
+        dt, dc = time.perf_counter() - t0, time.process_time() - c0
         if i == 0:
             first = dt
         if i >= warmup:
             times.append(dt)
+            cpu_times.append(dc)
             faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
     tokens = cfg.train.batch_size * cfg.model.seq_len
     med = statistics.median(times)
@@ -266,7 +272,14 @@ def bench_train(cfg: RunConfig, device: torch.device, steps: int, warmup: int, c
            "step_times_s": times, "tokens_per_s": tokens / med,
            "flop_per_s": fl["train_per_token"] * tokens / med, "flops": fl}
     if device.type == "cpu":
-        out["minor_page_faults_per_step"] = statistics.median(faults)
+        # CPU seconds of this process per step (all threads): on a shared machine the wall
+        # clock includes time other processes held the cores; cpu_time / threads does not
+        # (with one thread it is the step time of an idle machine)
+        cmed = statistics.median(cpu_times)
+        out.update(median_step_cpu_s=cmed, step_cpu_times_s=cpu_times,
+                   cpu_share=cmed / (med * torch.get_num_threads()),
+                   flop_per_s_cpu_time=fl["train_per_token"] * tokens * torch.get_num_threads() / cmed,
+                   minor_page_faults_per_step=statistics.median(faults))
     return out, tr
 
 
@@ -316,15 +329,14 @@ def bench_eval(cfg: RunConfig, model: torch.nn.Module, device: torch.device, bat
 _MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "131072"}
 
 
-def _memory_child(payload: dict) -> dict:
-    cfg = RunConfig.from_dict(payload["config"])
-    device = torch.device(payload["device"])
-    if payload.get("threads"):
-        torch.set_num_threads(payload["threads"])
-    enable_tf32(device)
+def step_memory(cfg: RunConfig, device: torch.device) -> dict:
+    """Peak memory of one training step of `cfg` above the memory held before it.
+
+    Warm-up with one sequence first: creates gradients, AdamW state, thread pools and kernels
+    at negligible activation memory. CUDA: exact allocator statistics. CPU: the peak resident
+    set (VmHWM, reset before the step where Linux allows, else the high-water mark of this
+    process so far: run it in a fresh process, see `measure_memory`)."""
     tr = Trainer(cfg, device, compile=False)
-    # warm-up with one sequence: creates gradients, AdamW state, thread pools and kernels at
-    # negligible activation memory, so the high-water mark is set by the measured step alone
     tr.step(*tr.batch(1, torch.Generator().manual_seed(3)))
     x, y = tr.batch(generator=torch.Generator().manual_seed(4))
     gc.collect()
@@ -336,9 +348,10 @@ def _memory_child(payload: dict) -> dict:
         tr.step(x, y)
         sync(device)
         peak = torch.cuda.max_memory_allocated(device)
-        return {"method": "torch.cuda.max_memory_allocated", "base_bytes": base, "peak_bytes": peak,
-                "step_bytes": peak - base, "model_state_bytes": state_bytes}
-    reset = reset_max_rss()  # else: the fresh process's high-water mark so far
+        return {"method": "torch.cuda.max_memory_allocated minus memory_allocated before the step",
+                "base_bytes": base, "peak_bytes": peak, "step_bytes": peak - base, "model_state_bytes": state_bytes,
+                "reliable": True}
+    reset = reset_max_rss()
     base, hw0 = current_rss(), max_rss()
     tr.step(x, y)
     hw1 = max_rss()
@@ -346,6 +359,27 @@ def _memory_child(payload: dict) -> dict:
                       if reset else "ru_maxrss high-water mark of a fresh process minus the RSS before the step",
             "base_bytes": base, "peak_bytes": hw1, "step_bytes": hw1 - base, "model_state_bytes": state_bytes,
             "reliable": reset or hw1 > hw0}
+
+
+def step_memory_inprocess(cfg: RunConfig, device: torch.device, ce_impl: str | None = None) -> dict:
+    """`step_memory` in this process (exact on CUDA; on CPU use `measure_memory`)."""
+    if ce_impl:
+        cfg = RunConfig.from_dict(merge(cfg.to_dict(), {"objective": {"ce_impl": ce_impl}}))
+    try:
+        return step_memory(cfg, device)
+    finally:
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _memory_child(payload: dict) -> dict:
+    cfg = RunConfig.from_dict(payload["config"])
+    device = torch.device(payload["device"])
+    if payload.get("threads"):
+        torch.set_num_threads(payload["threads"])
+    enable_tf32(device)
+    return step_memory(cfg, device)
 
 
 def measure_memory(cfg: RunConfig, device: torch.device, threads: int | None = None, timeout: float = 1800) -> dict:
@@ -428,6 +462,10 @@ def run_bench(cfg: RunConfig, *, steps: int = 5, warmup: int = 2, compile: bool 
     peak = max(result["peak"]["flop_per_s"], peak2["flop_per_s"])
     result["peak"]["flop_per_s_used"] = peak
     train["mfu"] = train["flop_per_s"] / peak
+    if "flop_per_s_cpu_time" in train:
+        cpu_peak = max(result["peak"]["flop_per_s_cpu_time"], peak2["flop_per_s_cpu_time"])
+        result["peak"]["flop_per_s_cpu_time_used"] = cpu_peak
+        train["mfu_cpu_time"] = train["flop_per_s_cpu_time"] / cpu_peak
     result["train"] = train
     log(f"[bench] train {train['tokens_per_s']:.0f} tok/s, {train['flop_per_s'] / 1e9:.1f} GFLOP/s, "
         f"MFU {100 * train['mfu']:.1f}%")
@@ -467,6 +505,11 @@ def summary(r: dict) -> str:
         f"{t['flop_per_s'] / 1e9:.1f} GFLOP/s, MFU {100 * t['mfu']:.1f}% [{t['precision']}"
         f"{', compiled' if t['compile'] else ''}]",
     ]
+    if "mfu_cpu_time" in t:
+        lines.append(f"  cpu time  {t['median_step_cpu_s']:.3f} CPU-s/step over {r['env']['threads']} threads "
+                     f"(got {100 * t['cpu_share']:.0f}% of them; load avg {r['env'].get('load_average_1m', 0):.1f}): "
+                     f"{t['flop_per_s_cpu_time'] / 1e9:.1f} GFLOP per thread-second x threads, MFU "
+                     f"{100 * t['mfu_cpu_time']:.1f}% of {p['flop_per_s_cpu_time_used'] / 1e9:.1f} on the same basis")
     if "eval" in r:
         lines.append("eval        " + ", ".join(f"k={d['k']}: {d['tokens_per_s']:.0f} tok/s"
                                                 for d in r["eval"]["depth"]))
