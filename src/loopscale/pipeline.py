@@ -28,7 +28,6 @@ The module imports only `loopscale.config` (no torch) so the DAG builds fast; th
 from __future__ import annotations
 
 import argparse
-import copy
 import itertools
 import json
 import os
