@@ -5,7 +5,7 @@
 # A diverged run yields a JSON with status "diverged" without evaluating (loopscale eval);
 # a failed run (summary.json status "failed", no model.pt) one with status "failed"
 # (workflow/scripts/unevaluated.py), so `--keep-going` is not even needed for it.
-# OMP_NUM_THREADS follows the job's threads (no oversubscription, same numbers on any host).
+# --threads follows the job's threads (no oversubscription, the same numbers on any host).
 
 
 rule depth_eval:
@@ -34,8 +34,8 @@ rule depth_eval:
         """
         exec > {log} 2>&1
         if ! grep -q '"status": *"failed"' {input.summary}; then
-            OMP_NUM_THREADS={threads} loopscale eval depth --model {params.run}/model.pt --data {params.data} \
-                --out {output.result} -q {params.sets}
+            loopscale eval depth --model {params.run}/model.pt --data {params.data} --out {output.result} \
+                --threads {threads} -q {params.sets}
         else
             {params.python} {params.unevaluated} depth {input.summary} {output.result}
         fi
@@ -68,8 +68,8 @@ rule diagnostic:
         """
         exec > {log} 2>&1
         if ! grep -q '"status": *"failed"' {input.summary}; then
-            OMP_NUM_THREADS={threads} loopscale eval {wildcards.diag} --model {params.run}/model.pt \
-                --data {params.data} --out {output.result} -q {params.sets}
+            loopscale eval {wildcards.diag} --model {params.run}/model.pt --data {params.data} \
+                --out {output.result} --threads {threads} -q {params.sets}
         else
             {params.python} {params.unevaluated} {wildcards.diag} {input.summary} {output.result}
         fi
