@@ -357,3 +357,10 @@ def test_too_small_split_refused():
         D.train_window_starts(100, 128, 64)
     with pytest.raises(DataError, match="corpus too small"):
         D.eval_window_starts(128, 128)
+
+
+def test_max_documents_keeps_the_first_documents_of_each_split():
+    full = D.load_corpus(DataConfig())
+    part = D.load_corpus(DataConfig(max_documents=3))
+    for split in ("train", "validation", "test"):
+        assert part[split] == full[split][:3]

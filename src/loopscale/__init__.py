@@ -2,4 +2,10 @@
 __version__ = "0.1.0"
 
 from .config import ConfigError, RunConfig, load_config, preset  # noqa: E402,F401
-from .model import LoopedLM  # noqa: E402,F401
+
+
+def __getattr__(name):  # torch is imported only when the model is used (fast CLI/pipeline start)
+    if name == "LoopedLM":
+        from .model import LoopedLM
+        return LoopedLM
+    raise AttributeError(f"module 'loopscale' has no attribute {name!r}")

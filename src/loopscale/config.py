@@ -71,6 +71,7 @@ class DataConfig:
     validation_fraction: float = 0.05  # builtin corpus: share of documents per split
     test_fraction: float = 0.05
     split_seed: int = 0
+    max_documents: int = 0  # >0: keep only the first N documents of each split (quick tests)
 
 
 @dataclass
@@ -329,6 +330,8 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError(f"train.epochs must be positive, got {t.epochs}")
     if o.penalty_weight < 0:
         raise ConfigError(f"objective.penalty_weight must be >= 0, got {o.penalty_weight}")
+    if d.max_documents < 0:
+        raise ConfigError(f"data.max_documents must be >= 0 (0 keeps every document), got {d.max_documents}")
     if d.vocab_size > 65535:
         raise ConfigError(f"data.vocab_size {d.vocab_size} does not fit uint16 token storage (max 65535)")
     if m.vocab_size < d.vocab_size:
