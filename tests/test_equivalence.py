@@ -178,3 +178,22 @@ def test_flops_per_token_matches_counted_matmuls():
     # terminal CE: one readout
     head = 2 * mc.d_model * mc.vocab_size
     assert flops_per_token(mc, n_readouts=1) == flops_per_token(mc) - (mc.n_loops - 1) * head
+
+
+@pytest.mark.parametrize("recurrence", RECURRENCES)
+def test_activation_checkpointing_is_exact_with_dropout(recurrence):
+    """checkpoint_blocks recomputes every block in backward, replaying its dropout masks."""
+    cfg = preset("smoke", {"model": {"recurrence": recurrence, "dropout": 0.2}})
+    torch.manual_seed(0)
+    model = LoopedLM(cfg.model).double().train()
+    idx, tgt = torch.randint(0, 2048, (2, 32)), torch.randint(0, 2048, (2, 32))
+    obj = ObjectiveConfig(regularizer="norm_penalty", ce_chunk_tokens=9)
+    runs = []
+    for ckpt in (False, True):
+        model.checkpoint_blocks = ckpt
+        torch.manual_seed(5)
+        runs.append(loss_and_grads(model, idx, tgt, obj))
+    assert_same(runs[1], runs[0], rtol=0, atol=0)
+    with torch.no_grad():  # no checkpointing without grad: evaluation is untouched
+        model.eval()
+        torch.testing.assert_close(model(idx)[-1], model(idx)[-1])

@@ -211,11 +211,13 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, n: int | None = None, 
 class Trainer:
     """Model, AdamW and the training step of `loopscale train`, on random token batches."""
 
-    def __init__(self, cfg: RunConfig, device: torch.device, compile: bool = False, seed: int = 0):
+    def __init__(self, cfg: RunConfig, device: torch.device, compile: bool = False, seed: int = 0,
+                 checkpoint: bool = False):
         tc = cfg.train
         self.cfg, self.device = cfg, device
         torch.manual_seed(seed)
         self.model = LoopedLM(cfg.model).to(device)
+        self.model.checkpoint_blocks = checkpoint
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=tc.lr, betas=tuple(tc.betas),
                                      weight_decay=tc.weight_decay, fused=device.type == "cuda")
         self.fwd = torch.compile(self.model) if compile else self.model
@@ -242,8 +244,9 @@ class Trainer:
         self.opt.step()
 
 
-def bench_train(cfg: RunConfig, device: torch.device, steps: int, warmup: int, compile: bool = False) -> dict:
-    tr = Trainer(cfg, device, compile)
+def bench_train(cfg: RunConfig, device: torch.device, steps: int, warmup: int, compile: bool = False,
+                checkpoint: bool = False) -> dict:
+    tr = Trainer(cfg, device, compile, checkpoint=checkpoint)
     g = torch.Generator().manual_seed(1)
     batches = [tr.batch(generator=g) for _ in range(min(steps + warmup, 4))]
     times, cpu_times, faults = [], [], []
@@ -266,7 +269,7 @@ def bench_train(cfg: RunConfig, device: torch.device, steps: int, warmup: int, c
     med = statistics.median(times)
     fl = flop_count(cfg)
     out = {"batch_size": cfg.train.batch_size, "seq_len": cfg.model.seq_len, "batch_tokens": tokens,
-           "steps": steps, "warmup": warmup, "compile": compile,
+           "steps": steps, "warmup": warmup, "compile": compile, "activation_checkpointing": checkpoint,
            "precision": "bf16-autocast" if use_bf16(device, cfg.train.precision) else "fp32",
            "first_step_s": first, "median_step_s": med, "min_step_s": min(times), "max_step_s": max(times),
            "step_times_s": times, "tokens_per_s": tokens / med,
@@ -329,44 +332,72 @@ def bench_eval(cfg: RunConfig, model: torch.nn.Module, device: torch.device, bat
 _MEMORY_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "131072"}
 
 
-def step_memory(cfg: RunConfig, device: torch.device) -> dict:
+def _peak_of(fn, device: torch.device) -> dict:
+    """Peak memory of running `fn()` above the memory held before it."""
+    gc.collect()
+    if device.type == "cuda":
+        sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        fn()
+        sync(device)
+        peak = torch.cuda.max_memory_allocated(device)
+        return {"method": "torch.cuda.max_memory_allocated minus memory_allocated before",
+                "base_bytes": base, "peak_bytes": peak, "step_bytes": peak - base, "reliable": True}
+    reset = reset_max_rss()
+    base, hw0 = current_rss(), max_rss()
+    fn()
+    hw1 = max_rss()
+    return {"method": "peak RSS (VmHWM, reset before) minus the RSS before, fresh process" if reset
+            else "ru_maxrss high-water mark of a fresh process minus the RSS before",
+            "base_bytes": base, "peak_bytes": hw1, "step_bytes": hw1 - base, "reliable": reset or hw1 > hw0}
+
+
+def step_memory(cfg: RunConfig, device: torch.device, checkpoint: bool = False) -> dict:
     """Peak memory of one training step of `cfg` above the memory held before it.
 
     Warm-up with one sequence first: creates gradients, AdamW state, thread pools and kernels
     at negligible activation memory. CUDA: exact allocator statistics. CPU: the peak resident
     set (VmHWM, reset before the step where Linux allows, else the high-water mark of this
     process so far: run it in a fresh process, see `measure_memory`)."""
-    tr = Trainer(cfg, device, compile=False)
+    tr = Trainer(cfg, device, compile=False, checkpoint=checkpoint)
     tr.step(*tr.batch(1, torch.Generator().manual_seed(3)))
     x, y = tr.batch(generator=torch.Generator().manual_seed(4))
-    gc.collect()
-    state_bytes = sum(p.numel() * p.element_size() * 4 for p in tr.model.parameters())  # w, grad, m, v
-    if device.type == "cuda":
-        sync(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-        tr.step(x, y)
-        sync(device)
-        peak = torch.cuda.max_memory_allocated(device)
-        return {"method": "torch.cuda.max_memory_allocated minus memory_allocated before the step",
-                "base_bytes": base, "peak_bytes": peak, "step_bytes": peak - base, "model_state_bytes": state_bytes,
-                "reliable": True}
-    reset = reset_max_rss()
-    base, hw0 = current_rss(), max_rss()
-    tr.step(x, y)
-    hw1 = max_rss()
-    return {"method": "peak RSS (VmHWM, reset before the step) minus the RSS before the step, fresh process"
-                      if reset else "ru_maxrss high-water mark of a fresh process minus the RSS before the step",
-            "base_bytes": base, "peak_bytes": hw1, "step_bytes": hw1 - base, "model_state_bytes": state_bytes,
-            "reliable": reset or hw1 > hw0}
+    out = _peak_of(lambda: tr.step(x, y), device)
+    out["model_state_bytes"] = sum(p.numel() * p.element_size() * 4 for p in tr.model.parameters())  # w, g, m, v
+    return out
 
 
-def step_memory_inprocess(cfg: RunConfig, device: torch.device, ce_impl: str | None = None) -> dict:
+def ce_memory(cfg: RunConfig, device: torch.device) -> dict:
+    """Peak memory of the objective alone (forward + backward of all K exits' CE, readout
+    norms included) on K random states that are leaves: what the CE implementation costs."""
+    tr = Trainer(cfg, device, compile=False)
+    m, B = cfg.model, cfg.train.batch_size
+    g = torch.Generator().manual_seed(6)
+
+    def run(batch):
+        states = [torch.randn(batch, m.seq_len, m.d_model, generator=g).to(device).requires_grad_(True)
+                  for _ in range(m.n_loops)]
+        y = torch.randint(0, m.vocab_size, (batch, m.seq_len), generator=g).to(device)
+        return lambda: _ce_step(tr, states, y)
+
+    run(1)()  # warm-up
+    return _peak_of(run(B), device)
+
+
+def _ce_step(tr: Trainer, states, y) -> None:
+    with autocast(tr.device, tr.cfg.train.precision):
+        res = compute_loss(tr.model, states, y, tr.cfg.objective, all_exits=False)
+    res.total.backward()
+
+
+def step_memory_inprocess(cfg: RunConfig, device: torch.device, ce_impl: str | None = None,
+                          checkpoint: bool = False) -> dict:
     """`step_memory` in this process (exact on CUDA; on CPU use `measure_memory`)."""
     if ce_impl:
         cfg = RunConfig.from_dict(merge(cfg.to_dict(), {"objective": {"ce_impl": ce_impl}}))
     try:
-        return step_memory(cfg, device)
+        return step_memory(cfg, device, checkpoint)
     finally:
         gc.collect()
         if device.type == "cuda":
@@ -379,12 +410,17 @@ def _memory_child(payload: dict) -> dict:
     if payload.get("threads"):
         torch.set_num_threads(payload["threads"])
     enable_tf32(device)
-    return step_memory(cfg, device)
+    if payload.get("what") == "ce":
+        return ce_memory(cfg, device)
+    return step_memory(cfg, device, payload.get("checkpoint", False))
 
 
-def measure_memory(cfg: RunConfig, device: torch.device, threads: int | None = None, timeout: float = 1800) -> dict:
-    """Peak memory of one training step of `cfg`, measured in a fresh Python process."""
-    payload = {"config": cfg.to_dict(), "device": str(device), "threads": threads}
+def measure_memory(cfg: RunConfig, device: torch.device, threads: int | None = None, what: str = "step",
+                   checkpoint: bool = False, timeout: float = 1800) -> dict:
+    """Peak memory of one training step of `cfg` (what="step") or of its objective alone
+    (what="ce"), measured in a fresh Python process."""
+    payload = {"config": cfg.to_dict(), "device": str(device), "threads": threads, "what": what,
+               "checkpoint": checkpoint}
     env = dict(os.environ, **(_MEMORY_ENV if device.type == "cpu" else {}))
     src = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -395,21 +431,25 @@ def measure_memory(cfg: RunConfig, device: torch.device, threads: int | None = N
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def memory_comparison(cfg: RunConfig, device: torch.device, threads: int | None = None) -> dict:
-    """Training-step memory with the chunked CE (as configured) against the plain CE."""
-    out = {}
-    for impl in ("chunked", "plain"):
-        c = RunConfig.from_dict(merge(cfg.to_dict(), {"objective": {"ce_impl": impl}}))
-        out[impl] = measure_memory(c, device, threads)
+def memory_comparison(cfg: RunConfig, device: torch.device, threads: int | None = None,
+                      checkpoint: bool = False) -> dict:
+    """Memory with the chunked CE (as configured) against the plain CE (K full logit tensors
+    through F.cross_entropy): of a whole training step, and of the objective alone."""
+    out = {"step": {}, "ce": {}}
+    for what in ("step", "ce"):
+        for impl in ("chunked", "plain"):
+            c = RunConfig.from_dict(merge(cfg.to_dict(), {"objective": {"ce_impl": impl}}))
+            out[what][impl] = measure_memory(c, device, threads, what, checkpoint)
+        out[what]["ratio"] = out[what]["chunked"]["step_bytes"] / max(out[what]["plain"]["step_bytes"], 1)
+    out["step"]["ratio_process_peak"] = out["step"]["chunked"]["peak_bytes"] / max(out["step"]["plain"]["peak_bytes"], 1)
     m, n = cfg.model, cfg.train.batch_size * cfg.model.seq_len
     R = m.n_loops if cfg.objective.loss == "per_loop" else 1
     acc = 4  # logits and softmax in fp32
-    out["ratio_step"] = out["chunked"]["step_bytes"] / max(out["plain"]["step_bytes"], 1)
-    out["ratio_peak"] = out["chunked"]["peak_bytes"] / max(out["plain"]["peak_bytes"], 1)
     out["logit_tensor_bytes"] = n * m.vocab_size * acc
-    out["plain_saved_logit_bytes"] = R * n * m.vocab_size * acc  # one [n, V] softmax per readout kept for backward
+    out["plain_saved_logit_bytes"] = R * n * m.vocab_size * acc  # one [n, V] log-softmax per readout kept for backward
     out["chunked_block_bytes"] = min(cfg.objective.ce_chunk_tokens, n) * m.vocab_size * acc
     out["ce_chunk_tokens"] = cfg.objective.ce_chunk_tokens
+    out["activation_checkpointing"] = checkpoint
     return out
 
 
@@ -442,7 +482,7 @@ def profile_step(tr: Trainer, top: int = 25) -> dict:
 # ---------------------------------------------------------------------------
 def run_bench(cfg: RunConfig, *, steps: int = 5, warmup: int = 2, compile: bool = False, eval_batches: int = 5,
               eval_warmup: int = 1, memory: bool = True, do_eval: bool = True, profile: bool = False,
-              threads: int | None = None, device: str | None = None, log=print) -> dict:
+              threads: int | None = None, device: str | None = None, checkpoint: bool = False, log=print) -> dict:
     dev = resolve_device(device or cfg.train.device)
     if threads:
         torch.set_num_threads(threads)
@@ -455,7 +495,7 @@ def run_bench(cfg: RunConfig, *, steps: int = 5, warmup: int = 2, compile: bool 
         f"matmul peak ({peak_dtype}) ...")
     result["peak"] = matmul_peak(dev, peak_dtype)
     log(f"[bench] peak {result['peak']['flop_per_s'] / 1e9:.1f} GFLOP/s; training {warmup}+{steps} steps ...")
-    train, tr = bench_train(cfg, dev, steps, warmup, compile)
+    train, tr = bench_train(cfg, dev, steps, warmup, compile, checkpoint)
     # the peak again after the training steps: the MFU uses the better of the two measurements
     peak2 = matmul_peak(dev, peak_dtype)
     result["peak"]["flop_per_s_after"] = peak2["flop_per_s"]
@@ -481,7 +521,7 @@ def run_bench(cfg: RunConfig, *, steps: int = 5, warmup: int = 2, compile: bool 
     gc.collect()
     if memory:
         log("[bench] memory: one training step per CE implementation, each in a fresh process ...")
-        result["memory"] = memory_comparison(cfg, dev, threads or (cfg.train.threads or None))
+        result["memory"] = memory_comparison(cfg, dev, threads or (cfg.train.threads or None), checkpoint)
     return result
 
 
@@ -503,7 +543,7 @@ def summary(r: dict) -> str:
         f"{t['flops']['head_forward_per_token'] / 1e6:.1f})",
         f"train       {t['tokens_per_s']:.0f} tok/s, {t['median_step_s']:.3f} s/step (median of {t['steps']}), "
         f"{t['flop_per_s'] / 1e9:.1f} GFLOP/s, MFU {100 * t['mfu']:.1f}% [{t['precision']}"
-        f"{', compiled' if t['compile'] else ''}]",
+        f"{', compiled' if t['compile'] else ''}{', activation checkpointing' if t['activation_checkpointing'] else ''}]",
     ]
     if "mfu_cpu_time" in t:
         lines.append(f"  cpu time  {t['median_step_cpu_s']:.3f} CPU-s/step over {r['env']['threads']} threads "
@@ -514,11 +554,12 @@ def summary(r: dict) -> str:
         lines.append("eval        " + ", ".join(f"k={d['k']}: {d['tokens_per_s']:.0f} tok/s"
                                                 for d in r["eval"]["depth"]))
     if "memory" in r:
-        mm = r["memory"]
-        lines.append(f"memory      step peak chunked {_mib(mm['chunked']['step_bytes'])} vs plain "
-                     f"{_mib(mm['plain']['step_bytes'])} (ratio {mm['ratio_step']:.2f}); process peak "
-                     f"{_mib(mm['chunked']['peak_bytes'])} vs {_mib(mm['plain']['peak_bytes'])} "
-                     f"(ratio {mm['ratio_peak']:.2f})")
+        st, ce = r["memory"]["step"], r["memory"]["ce"]
+        lines.append(f"memory      training step: chunked {_mib(st['chunked']['step_bytes'])} vs plain "
+                     f"{_mib(st['plain']['step_bytes'])} (ratio {st['ratio']:.2f}; process peak "
+                     f"{_mib(st['chunked']['peak_bytes'])} vs {_mib(st['plain']['peak_bytes'])})")
+        lines.append(f"            per-loop CE alone: chunked {_mib(ce['chunked']['step_bytes'])} vs plain "
+                     f"{_mib(ce['plain']['step_bytes'])} (ratio {ce['ratio']:.2f})")
     if "profile" in r:
         lines.append("profile     top ops by self time:")
         for o in r["profile"]["top"][:15]:
@@ -539,7 +580,7 @@ def cmd_bench(args) -> int:
         cfg = config_from_args(args)
     r = run_bench(cfg, steps=args.steps, warmup=args.warmup, compile=args.compile, eval_batches=args.eval_batches,
                   eval_warmup=args.eval_warmup, memory=not args.no_memory, do_eval=not args.no_eval,
-                  profile=args.profile, threads=args.threads, device=args.device,
+                  profile=args.profile, threads=args.threads, device=args.device, checkpoint=args.checkpoint,
                   log=lambda s: print(s, file=sys.stderr, flush=True))
     r["command"] = "loopscale " + " ".join(sys.argv[1:]) if sys.argv and "loopscale" in sys.argv[0] else None
     print(summary(r))
@@ -562,6 +603,9 @@ def add_cli(subparsers) -> None:
     p.add_argument("--eval-batches", type=int, default=5, help="timed evaluation batches per depth")
     p.add_argument("--eval-warmup", type=int, default=1, help="untimed evaluation batches per depth")
     p.add_argument("--compile", action="store_true", help="torch.compile the model")
+    p.add_argument("--checkpoint", action="store_true",
+                   help="activation checkpointing of every block call (LoopedLM.checkpoint_blocks): memory "
+                        "for one more stack forward, which the model FLOP count does not credit")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: train.threads or torch's)")
     p.add_argument("--device", default=None, help="auto | cpu | cuda (default: train.device)")
     p.add_argument("--no-memory", action="store_true", help="skip the subprocess memory measurement")

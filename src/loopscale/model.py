@@ -19,6 +19,7 @@ from __future__ import annotations
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
 
 from .config import ModelConfig
 
@@ -82,6 +83,9 @@ class LoopedLM(nn.Module):
         # one readout norm shared by every loop (absent for the raw readout)
         self.readout_norm = None if cfg.readout == "raw" else make_norm(cfg.readout, cfg)
         self.loop_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.recurrence == "inter_loop_norm" else None
+        # opt-in activation checkpointing: keep only each block call's input for backward and
+        # recompute the block there (one more stack forward; dropout masks replay exactly)
+        self.checkpoint_blocks = False
         if cfg.init == "gpt2":
             self.apply(_gpt2_init)
 
@@ -101,7 +105,10 @@ class LoopedLM(nn.Module):
         for k in range(1, n_loops + 1):
             x_in = x
             for block in self.blocks:
-                x = block(x)
+                if self.checkpoint_blocks and torch.is_grad_enabled():
+                    x = checkpoint(block, x, use_reentrant=False)
+                else:
+                    x = block(x)
             if state_fn is not None:
                 x = state_fn(k, x_in, x)          # inference-time interventions (diagnostics)
             states.append(x)                      # H_k: read out from here
