@@ -5,11 +5,12 @@ import json
 import os
 import platform
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-import torch
+# torch is imported where it is needed, so the pipeline can use the atomic writers without it
 
 
 class CheckpointError(RuntimeError):
@@ -50,7 +51,8 @@ def atomic_write_json(path, obj: Any) -> Path:
 
 
 def _jsonable(o):
-    if isinstance(o, torch.Tensor):
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(o, torch.Tensor):
         return o.tolist()
     if hasattr(o, "item"):
         return o.item()
@@ -60,12 +62,14 @@ def _jsonable(o):
 
 
 def atomic_torch_save(path, obj: Any) -> Path:
+    import torch
     return atomic_write(path, lambda f: torch.save(obj, f))
 
 
 def load_checkpoint(path, map_location="cpu") -> dict:
     """Load a checkpoint with weights_only=True (nothing is unpickled beyond tensors and
     plain containers); any failure becomes one CheckpointError naming the file."""
+    import torch
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} not found; train the run first (loopscale train)")
@@ -94,6 +98,8 @@ def git_commit(cwd: str | os.PathLike | None = None) -> str | None:
 
 def run_environment(device: str | None = None) -> dict:
     """Provenance recorded with every run."""
+    import torch
+
     from . import __version__
     env = {
         "loopscale": __version__,

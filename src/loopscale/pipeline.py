@@ -32,7 +32,6 @@ import itertools
 import json
 import os
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Optional
@@ -41,6 +40,7 @@ import yaml
 
 from .config import (LOSSES, MODEL_PRESETS, READOUTS, RECURRENCES, REGULARIZERS, ConfigError, RunConfig,
                      merge)
+from .io import atomic_write_text
 
 AXES = ("readout", "loss", "regularizer", "recurrence")
 AXIS_VALUES = {"readout": READOUTS, "loss": LOSSES, "regularizer": REGULARIZERS, "recurrence": RECURRENCES}
@@ -363,18 +363,7 @@ def write_if_changed(path: str | os.PathLike, text: str) -> bool:
             return False
     except (FileNotFoundError, IsADirectoryError, UnicodeDecodeError):
         pass
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
+    atomic_write_text(path, text)
     return True
 
 
