@@ -6,6 +6,8 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 PRESET ?= cpu
 CORES  ?= all
+# pipeline jobs call `loopscale`, `snakemake` and `dvc`: the venv's bin comes first
+export PATH := $(CURDIR)/$(BIN):$(PATH)
 
 .PHONY: setup reproduce test test-fast bench clean-runs
 
