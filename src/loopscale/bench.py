@@ -11,14 +11,18 @@ Measured:
   train       tokens/s = batch tokens / median step time after warm-up; model FLOP/s with the
               FLOP count stated (forward + backward = 3x the forward matmul FLOPs; the shared
               stack counted once per loop, the vocabulary head once per readout that enters
-              the loss); MFU = model FLOP/s / measured peak
+              the loss; recomputation is never credited); MFU = model FLOP/s / measured peak.
+              On CPU also per CPU-second (process CPU time / threads), which a busy shared
+              machine does not distort the way it distorts the wall clock
   eval        teacher-forced evaluation tokens/s at every depth k = 1..K (k loops + one
               final readout with its CE), fp32, dropout off, median of timed batches
-  memory      one training step in a fresh subprocess per variant: CPU peak RSS (ru_maxrss is
-              a process high-water mark, hence the fresh process, warmed up with a 1-sequence
-              step so that gradients, optimiser state and thread pools already exist), or CUDA
-              max_memory_allocated; the default objective.ce_impl=chunked against ce_impl=plain
-              (K full [tokens, vocab] logit tensors through F.cross_entropy)
+  memory      peak memory above what was held before, of one training step and of the
+              objective alone (K exits' CE, forward + backward, on K leaf states), each in a
+              fresh subprocess, warmed up with a 1-sequence step so that gradients, optimiser
+              state and thread pools already exist: CPU peak RSS (VmHWM, reset just before via
+              /proc/self/clear_refs; glibc told to return freed blocks so RSS follows the live
+              tensors), CUDA max_memory_allocated; the configured objective.ce_impl=chunked
+              against ce_impl=plain (K full [tokens, vocab] logit tensors through F.cross_entropy)
 
 Named shapes beyond the presets: `--preset paper-cpu` is the paper's architecture scaled to
 fit a CPU (d 256, 4 layers, 4 heads of 64, SwiGLU 1024, vocabulary 8192, seq 256, batch 16,
@@ -279,8 +283,9 @@ def bench_train(cfg: RunConfig, device: torch.device, steps: int, warmup: int, c
         # clock includes time other processes held the cores; cpu_time / threads does not
         # (with one thread it is the step time of an idle machine)
         cmed = statistics.median(cpu_times)
-        out.update(median_step_cpu_s=cmed, step_cpu_times_s=cpu_times,
-                   cpu_share=cmed / (med * torch.get_num_threads()),
+        share = cmed / (med * torch.get_num_threads())
+        out.update(median_step_cpu_s=cmed, step_cpu_times_s=cpu_times, cpu_share=share,
+                   contended=share < 0.9,  # other processes held our cores: the wall clock understates
                    flop_per_s_cpu_time=fl["train_per_token"] * tokens * torch.get_num_threads() / cmed,
                    minor_page_faults_per_step=statistics.median(faults))
     return out, tr
@@ -550,6 +555,9 @@ def summary(r: dict) -> str:
                      f"(got {100 * t['cpu_share']:.0f}% of them; load avg {r['env'].get('load_average_1m', 0):.1f}): "
                      f"{t['flop_per_s_cpu_time'] / 1e9:.1f} GFLOP per thread-second x threads, MFU "
                      f"{100 * t['mfu_cpu_time']:.1f}% of {p['flop_per_s_cpu_time_used'] / 1e9:.1f} on the same basis")
+        if t.get("contended"):
+            lines.append("  WARNING   other processes held the cores during the timed steps: wall-clock figures "
+                         "understate this code; rerun on an idle machine or with --threads 1")
     if "eval" in r:
         lines.append("eval        " + ", ".join(f"k={d['k']}: {d['tokens_per_s']:.0f} tok/s"
                                                 for d in r["eval"]["depth"]))
