@@ -197,3 +197,18 @@ def test_activation_checkpointing_is_exact_with_dropout(recurrence):
     with torch.no_grad():  # no checkpointing without grad: evaluation is untouched
         model.eval()
         torch.testing.assert_close(model(idx)[-1], model(idx)[-1])
+
+
+def test_bench_reports_consistent_figures():
+    """`loopscale bench` machinery at smoke size: FLOP/s = FLOPs x tokens / step time, MFU =
+    FLOP/s / peak, one eval row per depth (memory subprocesses are exercised by the suite)."""
+    from loopscale.bench import bench_config, run_bench, summary
+    cfg = bench_config("smoke")
+    r = run_bench(cfg, steps=2, warmup=1, eval_batches=1, eval_warmup=0, memory=False, device="cpu",
+                  threads=1, log=lambda s: None)
+    t = r["train"]
+    assert t["flops"]["train_per_token"] == 3 * flops_per_token(cfg.model)
+    assert t["flop_per_s"] == pytest.approx(t["flops"]["train_per_token"] * t["batch_tokens"] / t["median_step_s"])
+    assert t["mfu"] == pytest.approx(t["flop_per_s"] / r["peak"]["flop_per_s_used"])
+    assert [d["k"] for d in r["eval"]["depth"]] == list(range(1, cfg.model.n_loops + 1))
+    assert "MFU" in summary(r)
