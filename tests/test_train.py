@@ -112,3 +112,9 @@ def test_absurd_learning_rate_is_recorded_as_diverged(smoke_data, tmp_path):
     for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines():
         rec = json.loads(line)
         assert all(map(lambda v: v == v and abs(v) != float("inf"), rec.get("ce", []) + [rec.get("loss", 0)]))
+
+
+def test_activation_checkpointing_gives_the_same_run(smoke_data, tmp_path):
+    train(cfg(), smoke_data, tmp_path / "plain", progress=False)
+    train(cfg(activation_checkpointing=True), smoke_data, tmp_path / "ckpt", progress=False)
+    assert losses(tmp_path / "ckpt") == losses(tmp_path / "plain")

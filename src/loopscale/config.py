@@ -88,6 +88,7 @@ class TrainConfig:
     device: str = "auto"  # auto | cpu | cuda | mps
     precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 elsewhere) | fp32 | bf16
     compile: bool = False
+    activation_checkpointing: bool = False  # recompute each block in backward: less memory, same result
     log_every: int = 50
     ckpt_every: int = 500
     eval_every: int = 0  # 0: validate only at the end

@@ -36,7 +36,7 @@ from .objective import compute_loss
 
 # settings that may change between a checkpoint and its resumption without changing results
 _RESUME_FREE = {"max_steps", "epochs", "log_every", "ckpt_every", "eval_every", "eval_tokens",
-                "device", "threads", "compile"}
+                "device", "threads", "compile", "activation_checkpointing"}
 
 
 class Preempted(RuntimeError):
@@ -147,6 +147,7 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
     model = LoopedLM(mc).to(device)
     opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay,
                             fused=device.type == "cuda")
+    model.checkpoint_blocks = tc.activation_checkpointing
     fwd = torch.compile(model) if tc.compile else model
 
     state_path, metrics_path = out / "state.pt", out / "metrics.jsonl"
