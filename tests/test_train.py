@@ -15,6 +15,22 @@ def cfg(**train_kw):
                                                                   "ckpt_every": 8, **train_kw}})
 
 
+def interrupt_after_state_saves(monkeypatch, n: int) -> list:
+    """Make training stop hard (KeyboardInterrupt) right after its n-th state.pt checkpoint;
+    returns the list of checkpointed steps, filled as training runs."""
+    from loopscale import train as T
+    orig, saved = T.atomic_torch_save, []
+
+    def save(path, obj):
+        orig(path, obj)
+        if path.name == "state.pt":
+            saved.append(obj["step"])
+            if len(saved) == n:
+                raise KeyboardInterrupt
+    monkeypatch.setattr(T, "atomic_torch_save", save)
+    return saved
+
+
 def losses(run_dir):
     lines = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return [(r["step"], r["loss"], r["ce"], r["norm"]) for r in lines if "loss" in r]
@@ -46,32 +62,19 @@ def test_same_seed_same_result(smoke_data, tmp_path):
     assert losses(tmp_path / "c") != losses(tmp_path / "a") and c["status"] == "completed"
 
 
-def test_stop_and_resume_equals_uninterrupted(smoke_data, tmp_path):
+def test_stop_and_resume_equals_uninterrupted(smoke_data, tmp_path, monkeypatch):
     full = tmp_path / "full"
     train(cfg(), smoke_data, full, progress=False)
-    part = tmp_path / "part"
-    # a first job that ends early (as if killed right after its step-16 checkpoint) ...
-    train(cfg(max_steps=16, ckpt_every=8), smoke_data, part, progress=False)
-    state = torch.load(part / "model.pt", weights_only=True)
+    # a shorter budget ends at its own last step
+    train(cfg(max_steps=16, ckpt_every=8), smoke_data, tmp_path / "part", progress=False)
+    state = torch.load(tmp_path / "part" / "model.pt", weights_only=True)
     assert state["step"] == 16
-    # ... whose state is then picked up: re-create the resumable state from a killed run
+    # a run stopped hard right after its step-16 checkpoint, then rerun, equals the full run
     killed = tmp_path / "killed"
-    from loopscale import train as T
-    orig = T.atomic_torch_save
-    calls = []
-
-    def crash_after_second_checkpoint(path, obj):
-        orig(path, obj)
-        if path.name == "state.pt":
-            calls.append(obj["step"])
-            if len(calls) == 2:
-                raise KeyboardInterrupt  # a hard stop right after the step-16 checkpoint
-    T.atomic_torch_save = crash_after_second_checkpoint
-    try:
+    with monkeypatch.context() as m:
+        calls = interrupt_after_state_saves(m, 2)
         with pytest.raises(KeyboardInterrupt):
             train(cfg(), smoke_data, killed, progress=False)
-    finally:
-        T.atomic_torch_save = orig
     assert calls == [8, 16] and (killed / "state.pt").exists()
     train(cfg(), smoke_data, killed, progress=False)
     assert losses(killed) == losses(full)
@@ -80,22 +83,13 @@ def test_stop_and_resume_equals_uninterrupted(smoke_data, tmp_path):
         assert torch.equal(a["model"][k], b["model"][k]), k
 
 
-def test_resume_refuses_a_different_config(smoke_data, tmp_path):
-    from loopscale import train as T
+def test_resume_refuses_a_different_config(smoke_data, tmp_path, monkeypatch):
     from loopscale.io import CheckpointError
     run = tmp_path / "run"
-    orig = T.atomic_torch_save
-
-    def stop(path, obj):
-        orig(path, obj)
-        if path.name == "state.pt":
-            raise KeyboardInterrupt
-    T.atomic_torch_save = stop
-    try:
+    with monkeypatch.context() as m:
+        interrupt_after_state_saves(m, 1)
         with pytest.raises(KeyboardInterrupt):
             train(cfg(), smoke_data, run, progress=False)
-    finally:
-        T.atomic_torch_save = orig
     with pytest.raises(CheckpointError, match="different config"):
         train(preset("smoke", {"model": {"dropout": 0.1, "readout": "raw"},
                                "train": {"max_steps": 24, "log_every": 4, "ckpt_every": 8}}),
