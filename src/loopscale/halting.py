@@ -129,24 +129,6 @@ def _report(ce: np.ndarray, conf: np.ndarray, tau: float, granularity: str, epsi
 # ---------------------------------------------------------------------------
 # real dynamic-depth execution (sequence policy)
 # ---------------------------------------------------------------------------
-def _embed(model, x: torch.Tensor) -> torch.Tensor:
-    """The loop input of LoopedLM.forward: token + position embeddings."""
-    pos = torch.arange(x.shape[1], device=x.device)
-    return model.drop(model.tok_emb(x) + model.pos_emb(pos))
-
-
-def _loop(model, x: torch.Tensor) -> torch.Tensor:
-    """One application of the shared stack (one loop of LoopedLM.forward)."""
-    for block in model.blocks:
-        x = block(x)
-    return x
-
-
-def _feed(model, h: torch.Tensor) -> torch.Tensor:
-    """What loop k+1 receives from H_k (the model's recurrence)."""
-    return model.loop_norm(h) if model.loop_norm is not None else h
-
-
 @torch.inference_mode()
 def dynamic_batch(model, x: torch.Tensor, y: torch.Tensor, policy: Optional[str], tau: Optional[float]) -> tuple[torch.Tensor, torch.Tensor]:
     """Run one batch loop by loop; after loop k < K, windows whose mean confidence is >= τ
@@ -154,14 +136,14 @@ def dynamic_batch(model, x: torch.Tensor, y: torch.Tensor, policy: Optional[str]
     as device tensors. policy=None (or τ=None) runs full depth with one final readout."""
     K = model.cfg.n_loops
     T = x.shape[1]
-    h_in = _embed(model, x)
+    h_in = model.embed(x)
     ce_sum = torch.zeros((), dtype=torch.float64, device=x.device)
     loops = torch.zeros((), dtype=torch.float64, device=x.device)
     for k in range(1, K + 1):
-        h = _loop(model, h_in)
+        h = model.loop(h_in)
         if k == K or policy is None or tau is None:
             if k < K:
-                h_in = _feed(model, h)
+                h_in = model.feed(h)
                 continue
             hr = model.readout(h, True).reshape(-1, h.shape[-1])
             yf = y.reshape(-1)
@@ -179,7 +161,7 @@ def dynamic_batch(model, x: torch.Tensor, y: torch.Tensor, policy: Optional[str]
         if not bool(keep.any()):
             break
         h, y = h[keep], y[keep]
-        h_in = _feed(model, h)
+        h_in = model.feed(h)
     return ce_sum, loops
 
 

@@ -89,31 +89,42 @@ class LoopedLM(nn.Module):
         if cfg.init == "gpt2":
             self.apply(_gpt2_init)
 
-    # -- the loop ------------------------------------------------------------
+    # -- the loop, in parts (forward, halting and the diagnostics all use these) ----
+    def embed(self, idx: torch.Tensor) -> torch.Tensor:
+        """The input of loop 1: token + position embeddings (added once), dropout."""
+        T = idx.shape[1]
+        if T > self.cfg.seq_len:
+            raise ValueError(f"sequence length {T} exceeds the model's seq_len {self.cfg.seq_len}")
+        pos = torch.arange(T, device=idx.device)
+        return self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+
+    def loop(self, x: torch.Tensor) -> torch.Tensor:
+        """One loop: the shared stack applied once. Returns H_k, before any normalisation."""
+        for block in self.blocks:
+            if self.checkpoint_blocks and torch.is_grad_enabled():
+                x = checkpoint(block, x, use_reentrant=False)
+            else:
+                x = block(x)
+        return x
+
+    def feed(self, h: torch.Tensor) -> torch.Tensor:
+        """The recurrence: what loop k+1 receives from H_k."""
+        return self.loop_norm(h) if self.loop_norm is not None else h  # inter-loop norm: scale leaves the loop
+
     def forward(self, idx: torch.Tensor, n_loops: int | None = None, state_fn=None) -> list[torch.Tensor]:
         """Run the shared stack `n_loops` times (default K) and return [H_1, ..., H_n].
 
         Each H_k is the state after loop k, before any normalisation. `state_fn(k, x_in, h)`
         (diagnostics only) may replace loop k's output h, given the loop's input x_in."""
         n_loops = self.cfg.n_loops if n_loops is None else n_loops
-        T = idx.shape[1]
-        if T > self.cfg.seq_len:
-            raise ValueError(f"sequence length {T} exceeds the model's seq_len {self.cfg.seq_len}")
-        pos = torch.arange(T, device=idx.device)
-        x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+        x = self.embed(idx)
         states = []
         for k in range(1, n_loops + 1):
-            x_in = x
-            for block in self.blocks:
-                if self.checkpoint_blocks and torch.is_grad_enabled():
-                    x = checkpoint(block, x, use_reentrant=False)
-                else:
-                    x = block(x)
+            h = self.loop(x)
             if state_fn is not None:
-                x = state_fn(k, x_in, x)          # inference-time interventions (diagnostics)
-            states.append(x)                      # H_k: read out from here
-            if self.loop_norm is not None:
-                x = self.loop_norm(x)             # inter-loop normalisation: scale leaves the loop
+                h = state_fn(k, x, h)             # inference-time interventions (diagnostics)
+            states.append(h)                      # H_k: read out from here
+            x = self.feed(h)
         return states
 
     # -- the readout -----------------------------------------------------------
