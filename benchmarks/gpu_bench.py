@@ -35,8 +35,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from loopscale.bench import (bench_config, bench_eval, bench_train, enable_tf32, environment,  # noqa: E402
-                             matmul_peak, step_memory_inprocess, sync)
+from loopscale.bench import (bench_config, bench_eval, bench_train, environment, matmul_peak,  # noqa: E402
+                             step_memory_inprocess)
+from loopscale.runtime import enable_tf32, sync  # noqa: E402
 
 T0 = time.time()
 TINY = os.environ.get("GPU_BENCH_TINY", "0") == "1"

@@ -40,7 +40,6 @@ import statistics
 import subprocess
 import sys
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -48,6 +47,7 @@ import torch
 from .config import RunConfig, merge, preset
 from .model import LoopedLM, count_params, flops_per_token
 from .objective import compute_loss, linear_cross_entropy
+from .runtime import autocast, enable_tf32, resolve_device, sync, uses_bf16
 
 # bench-only shapes: (base preset, overrides)
 BENCH_SHAPES: dict[str, tuple[str, dict]] = {
@@ -61,33 +61,6 @@ BENCH_SHAPES: dict[str, tuple[str, dict]] = {
 # ---------------------------------------------------------------------------
 # small helpers
 # ---------------------------------------------------------------------------
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
-
-
-def use_bf16(device: torch.device, precision: str) -> bool:
-    """Same rule as training: bf16 autocast on CUDA under `auto`, or when asked for."""
-    return precision == "bf16" or (precision == "auto" and device.type == "cuda")
-
-
-def autocast(device: torch.device, precision: str):
-    return torch.autocast(device.type, dtype=torch.bfloat16) if use_bf16(device, precision) else nullcontext()
-
-
-def enable_tf32(device: torch.device) -> None:
-    """TF32 tensor cores for the fp32 matmuls that autocast leaves in fp32 (CUDA only)."""
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
-
-
 def _proc_status_kib(field: str) -> int | None:
     try:
         with open("/proc/self/status") as f:
@@ -274,7 +247,7 @@ def bench_train(cfg: RunConfig, device: torch.device, steps: int, warmup: int, c
     fl = flop_count(cfg)
     out = {"batch_size": cfg.train.batch_size, "seq_len": cfg.model.seq_len, "batch_tokens": tokens,
            "steps": steps, "warmup": warmup, "compile": compile, "activation_checkpointing": checkpoint,
-           "precision": "bf16-autocast" if use_bf16(device, cfg.train.precision) else "fp32",
+           "precision": "bf16-autocast" if uses_bf16(device, cfg.train.precision) else "fp32",
            "first_step_s": first, "median_step_s": med, "min_step_s": min(times), "max_step_s": max(times),
            "step_times_s": times, "tokens_per_s": tokens / med,
            "flop_per_s": fl["train_per_token"] * tokens / med, "flops": fl}
@@ -495,7 +468,7 @@ def run_bench(cfg: RunConfig, *, steps: int = 5, warmup: int = 2, compile: bool 
         torch.set_num_threads(cfg.train.threads)
     enable_tf32(dev)
     result = {"config": cfg.to_dict(), "params": count_params(cfg.model), "env": environment(dev)}
-    peak_dtype = torch.bfloat16 if use_bf16(dev, cfg.train.precision) else torch.float32
+    peak_dtype = torch.bfloat16 if uses_bf16(dev, cfg.train.precision) else torch.float32
     log(f"[bench] {dev}, {torch.get_num_threads()} threads, {result['params'] / 1e6:.2f}M parameters; "
         f"matmul peak ({peak_dtype}) ...")
     result["peak"] = matmul_peak(dev, peak_dtype)

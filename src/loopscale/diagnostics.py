@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import statistics
 import time
 from dataclasses import dataclass
@@ -33,10 +32,11 @@ from tqdm.auto import tqdm
 
 from . import data as D
 from .config import ConfigError, EvalConfig, RunConfig, merge, parse_overrides
-from .evaluate import exit_losses, load_model, resolve_device
+from .evaluate import exit_losses, load_model
 from .io import CheckpointError, atomic_write_json
 from .model import LoopedLM, flops_per_token
 from .objective import linear_cross_entropy
+from .runtime import ppl, resolve_device, sync
 
 DIAGNOSTICS = ("depth", "throughput", "norms", "radial", "lemma", "clamp", "halting")
 CLAMP_MODES = ("none", "remove_radial", "freeze_loop1")
@@ -138,10 +138,7 @@ def open_run(model_path, data_dir, overrides: Optional[list[str]] = None, device
     model, cfg, ckpt = load_model(model_path, device="cpu")
     cfg = eval_config(cfg, overrides)
     _check_eval(cfg.eval)
-    try:
-        dev = resolve_device(device or cfg.eval.device)
-    except RuntimeError as e:
-        raise ConfigError(str(e)) from None
+    dev = resolve_device(device or cfg.eval.device)
     meta = D.load_meta(data_dir)
     check_data_matches(cfg, meta, model_path, data_dir)
     status = "diverged" if ckpt.get("status") == "diverged" else "ok"
@@ -193,15 +190,6 @@ def batches(run: EvalRun, starts: np.ndarray, desc: str = "") -> Iterator[tuple[
                   mininterval=1.0, dynamic_ncols=True):
         x, y = D.get_batch(run.tokens, starts[i:i + bs], run.seq_len)
         yield x.to(run.device), y.to(run.device)
-
-
-def _ppl(ce: float) -> float:
-    return math.exp(ce) if ce < 700 else float("inf")
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def token_norms(h: torch.Tensor) -> torch.Tensor:
@@ -256,11 +244,11 @@ def throughput(run: EvalRun) -> tuple[dict, int]:
     for k in tqdm(range(1, kmax + 1), desc="throughput", disable=not run.progress, leave=False):
         times = []
         for i, (x, y) in enumerate(data):
-            _sync(dev)
+            sync(dev)
             t0 = time.perf_counter()
             h = model(x, n_loops=k)[-1]
             linear_cross_entropy(model.readout(h, final=True), model.head_weight, y)
-            _sync(dev)
+            sync(dev)
             dt = time.perf_counter() - t0
             if i >= e.throughput_warmup:
                 times.append(dt)
@@ -471,7 +459,7 @@ def clamp(run: EvalRun) -> tuple[dict, int]:
         for k in range(K):
             ce = float(ce_sum[k] / n)
             rad, rad_abs, upd = (log[k + 1] / n).tolist()
-            rows.append({"k": k + 1, "ce": ce, "ppl": _ppl(ce), "norm": float(norm_sum[k] / n),
+            rows.append({"k": k + 1, "ce": ce, "ppl": ppl(ce), "norm": float(norm_sum[k] / n),
                          "radial_update": rad, "abs_radial_update": rad_abs, "update_norm": upd})
         modes[mode] = rows
     for mode in CLAMP_MODES:

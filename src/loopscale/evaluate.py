@@ -5,7 +5,6 @@ is scored once), the model runs in fp32 with dropout off.
 """
 from __future__ import annotations
 
-import math
 from pathlib import Path
 
 import torch
@@ -15,14 +14,7 @@ from .config import RunConfig
 from .io import CheckpointError, load_checkpoint
 from .model import LoopedLM
 from .objective import linear_cross_entropy, mean_token_norm
-
-
-def resolve_device(name: str = "auto") -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("device 'cuda' requested but CUDA is not available; use device=auto or cpu")
-    return torch.device(name)
+from .runtime import ppl
 
 
 @torch.no_grad()
@@ -57,7 +49,7 @@ def exit_losses(model: LoopedLM, tokens, batch_size: int, max_tokens: int = 0,
     finally:
         model.train(was_training)
     ce = (ce_sum / max(n_tok, 1)).tolist()
-    return {"tokens": n_tok, "ce": ce, "ppl": [math.exp(c) if c < 700 else float("inf") for c in ce],
+    return {"tokens": n_tok, "ce": ce, "ppl": [ppl(c) for c in ce],
             "norm": (norm_sum / max(n_tok, 1)).tolist()}
 
 

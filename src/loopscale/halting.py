@@ -29,7 +29,8 @@ import torch
 import torch.nn.functional as F
 
 from . import data as D
-from .diagnostics import EvalRun, _ppl, _sync, batches, windows
+from .diagnostics import EvalRun, batches, windows
+from .runtime import ppl, sync
 
 POLICIES = ("max_prob", "margin", "entropy")
 GRANULARITIES = ("sequence", "token")
@@ -120,9 +121,9 @@ def _report(ce: np.ndarray, conf: np.ndarray, tau: float, granularity: str, epsi
     mean_ce, mean_loops, exits = outcomes(ce, conf, np.array([tau]), granularity)
     full = float(ce[..., -1].mean())
     K = ce.shape[-1]
-    ratio = _ppl(float(mean_ce[0])) / _ppl(full)
-    return {"mean_loops": float(mean_loops[0]), "ce": float(mean_ce[0]), "ppl": _ppl(float(mean_ce[0])),
-            "ppl_full": _ppl(full), "ppl_ratio": ratio, "meets_target": bool(ratio <= 1 + epsilon + 1e-9),
+    ratio = ppl(float(mean_ce[0])) / ppl(full)
+    return {"mean_loops": float(mean_loops[0]), "ce": float(mean_ce[0]), "ppl": ppl(float(mean_ce[0])),
+            "ppl_full": ppl(full), "ppl_ratio": ratio, "meets_target": bool(ratio <= 1 + epsilon + 1e-9),
             "exit_counts": np.bincount(exits[0], minlength=K).tolist()}
 
 
@@ -175,10 +176,10 @@ def timed_passes(run: EvalRun, data: list, variants: dict) -> dict:
     loops = {v: torch.zeros((), dtype=torch.float64, device=dev) for v in variants}
     for x, y in data:
         for v, (policy, tau) in variants.items():
-            _sync(dev)
+            sync(dev)
             t0 = time.perf_counter()
             c, l = dynamic_batch(model, x, y, policy, tau)
-            _sync(dev)
+            sync(dev)
             secs[v] += time.perf_counter() - t0
             ce_sum[v] += c
             loops[v] += l
@@ -196,7 +197,7 @@ def halting(run: EvalRun) -> tuple[dict, int]:
     ce, conf = collect(run, starts)
     parts = {"calib": slice(0, n_cal), "test": slice(n_cal, len(starts))}
 
-    static = {part: [{"k": k + 1, "ce": float(ce[sl, :, k].mean()), "ppl": _ppl(float(ce[sl, :, k].mean()))}
+    static = {part: [{"k": k + 1, "ce": float(ce[sl, :, k].mean()), "ppl": ppl(float(ce[sl, :, k].mean()))}
                      for k in range(K)] for part, sl in parts.items()}
     policies = {}
     for g in GRANULARITIES:
@@ -221,7 +222,7 @@ def halting(run: EvalRun) -> tuple[dict, int]:
         dynamic_batch(run.model, *data[0], policy, tau)
     timed = timed_passes(run, data, variants)
     full_s, full_ce, _ = timed["full_depth"]
-    dynamic = {"full_depth": {"time_s": full_s, "ppl": _ppl(full_ce), "mean_loops": float(K)}}
+    dynamic = {"full_depth": {"time_s": full_s, "ppl": ppl(full_ce), "mean_loops": float(K)}}
     for p in POLICIES:
         pol = policies[f"{p}/sequence"]
         if p in timed:
@@ -229,7 +230,7 @@ def halting(run: EvalRun) -> tuple[dict, int]:
         else:  # never exits early: the dynamic execution is the full-depth one
             dt, dce, dloops = full_s, full_ce, float(K)
         dynamic[p] = {"threshold": early[p], "time_s": dt, "speedup": full_s / dt if dt > 0 else None,
-                      "mean_loops": dloops, "ppl": _ppl(dce), "ppl_ratio": _ppl(dce) / _ppl(full_ce),
+                      "mean_loops": dloops, "ppl": ppl(dce), "ppl_ratio": ppl(dce) / ppl(full_ce),
                       "posthoc_ppl": pol["test"]["ppl"]}
     payload = {"k_train": K, "epsilon": e.halting_epsilon, "target_ppl_ratio": 1 + e.halting_epsilon,
                "windows": {"calib": n_cal, "test": len(starts) - n_cal}, "seq_len": run.seq_len,

@@ -19,7 +19,6 @@ import math
 import signal
 import threading
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -28,11 +27,12 @@ from tqdm.auto import tqdm
 
 from . import data as D
 from .config import RunConfig
-from .evaluate import exit_losses, resolve_device
+from .evaluate import exit_losses
 from .io import (CheckpointError, atomic_torch_save, atomic_write_json, atomic_write_text,
                  load_checkpoint, run_environment)
 from .model import LoopedLM
 from .objective import compute_loss
+from .runtime import autocast, enable_tf32, resolve_device
 
 # settings that may change between a checkpoint and its resumption without changing results
 _RESUME_FREE = {"max_steps", "epochs", "log_every", "ckpt_every", "eval_every", "eval_tokens",
@@ -41,11 +41,6 @@ _RESUME_FREE = {"max_steps", "epochs", "log_every", "ckpt_every", "eval_every", 
 
 class Preempted(RuntimeError):
     """SIGTERM arrived; the state was checkpointed and the run can be resumed."""
-
-
-def _autocast(device: torch.device, precision: str):
-    bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
-    return torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
 
 
 def _comparable(cfg: dict) -> dict:
@@ -126,9 +121,7 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
     if tc.threads > 0:
         torch.set_num_threads(tc.threads)
     device = resolve_device(tc.device)
-    if device.type == "cuda":  # TF32 tensor cores for the matmuls autocast leaves in fp32
-        torch.backends.cuda.matmul.allow_tf32 = True
-        torch.backends.cudnn.allow_tf32 = True
+    enable_tf32(device)
 
     meta = D.load_meta(data_dir)
     if meta["vocab_size"] > mc.vocab_size:
@@ -205,7 +198,7 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
                                    mc.seq_len)
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 is_log = (step + 1) % tc.log_every == 0 or step + 1 == total_steps
-                with _autocast(device, tc.precision):
+                with autocast(device, tc.precision):
                     states = fwd(x)
                     res = compute_loss(model, states, y, cfg.objective, all_exits=is_log)
                 opt.zero_grad(set_to_none=True)

@@ -19,6 +19,7 @@ from typing import Callable, Iterable, Optional
 import pandas as pd
 
 from ..io import atomic_write_text
+from ..runtime import ppl
 from . import paper
 from .fmt import EMPTY, md_table, num, pm
 from .runs import Condition, Run, Size, finite
@@ -81,10 +82,6 @@ def stats(values: Iterable) -> tuple[float, float, int]:
     return mean, std, n
 
 
-def _ppl(ce: float) -> float:
-    return math.exp(ce) if finite(ce) and ce < 700 else math.nan
-
-
 # ---------------------------------------------------------------------------
 # per-run extraction (each returns None when the data is absent)
 # ---------------------------------------------------------------------------
@@ -97,7 +94,7 @@ def exits(run: Run) -> tuple[Optional[list], str]:
     val = run.summary.get("validation") if run.completed else None
     if isinstance(val, dict) and isinstance(val.get("val_ce"), list) and val["val_ce"]:
         norms = val.get("val_norm") or [math.nan] * len(val["val_ce"])
-        return [{"k": i + 1, "ce": c, "ppl": _ppl(c), "norm": n} for i, (c, n) in enumerate(zip(val["val_ce"], norms))], \
+        return [{"k": i + 1, "ce": c, "ppl": ppl(c), "norm": n} for i, (c, n) in enumerate(zip(val["val_ce"], norms))], \
             "summary"
     return None, "none"
 
@@ -107,7 +104,7 @@ def final_exit(run: Run) -> dict:
     if not ex:
         return {"ce": math.nan, "ppl": math.nan, "norm": math.nan, "source": src}
     last = ex[-1]
-    return {"ce": last.get("ce", math.nan), "ppl": last.get("ppl", _ppl(last.get("ce"))),
+    return {"ce": last.get("ce", math.nan), "ppl": last.get("ppl", ppl(last.get("ce"))),
             "norm": last.get("norm", math.nan), "source": src}
 
 
