@@ -58,10 +58,12 @@ class Block(nn.Module):
         self.attn = Attention(cfg)
         self.norm2 = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.drop = nn.Dropout(cfg.dropout)  # on the SwiGLU output only
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop(self.attn(self.norm1(x)))
+        # the paper drops at three sites: the embedding sum, the attention probabilities
+        # (inside Attention) and the SwiGLU output; the attention branch's output is not dropped
+        x = x + self.attn(self.norm1(x))
         x = x + self.drop(self.mlp(self.norm2(x)))
         return x
 
