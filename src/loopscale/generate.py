@@ -78,13 +78,15 @@ class Decoder:
 
     def __call__(self, ids: torch.Tensor) -> tuple[torch.Tensor, int]:
         """Encode the new ids [1, T] after the cached ones; return the next-token logits
-        (float32 [V]) and the loops they came from. Halting applies to single new tokens."""
+        (float32 [V]) and the loops they came from. The first call (the prompt) runs at full
+        depth; halting applies to the single tokens fed after it."""
         model, n = self.model, self.n_loops
+        may_halt = self.halt is not None and self.pos > 0 and ids.shape[1] == 1
         x = model.embed(ids, start=self.pos)
         self.pos += ids.shape[1]
         for k in range(1, n + 1):
             h = model.loop(x, self.caches[k - 1])
-            if k < n and self.halt is not None and ids.shape[1] == 1:
+            if k < n and may_halt:
                 z = model.logits(h[:, -1], final=False).float()
                 if confidences(z)[self.halt.policy].item() >= self.halt.threshold:
                     self._copy_forward(k)
