@@ -8,4 +8,7 @@ def __getattr__(name):  # torch is imported only when the model is used (fast CL
     if name == "LoopedLM":
         from .model import LoopedLM
         return LoopedLM
+    if name == "load":  # load(run_dir) -> (model, tokenizer, config)
+        from .artifacts import load
+        return load
     raise AttributeError(f"module 'loopscale' has no attribute {name!r}")

@@ -21,7 +21,8 @@ import yaml
 from .config import ConfigError, RunConfig, load_config, merge, parse_overrides, preset
 
 # modules that contribute sub-commands via add_cli(subparsers); missing ones are skipped
-_COMMAND_MODULES = ["loopscale.diagnostics", "loopscale.report", "loopscale.bench"]
+_COMMAND_MODULES = ["loopscale.diagnostics", "loopscale.report", "loopscale.bench", "loopscale.artifacts",
+                    "loopscale.generate", "loopscale.convert"]
 
 
 def add_config_args(p: argparse.ArgumentParser) -> None:

@@ -47,12 +47,18 @@ def exit_token_stats(model, h: torch.Tensor, y: torch.Tensor, final: bool) -> tu
         z = F.linear(hr[s:s + _CHUNK], model.head_weight).float()
         lse = torch.logsumexp(z, dim=-1)
         ces.append(lse - z.gather(1, yf[s:s + _CHUNK, None]).squeeze(1))
-        top = z.topk(2, dim=-1).values
-        confs["max_prob"].append(torch.exp(top[:, 0] - lse))
-        confs["margin"].append(top[:, 0] - top[:, 1])
-        ent = lse - (torch.exp(z - lse[:, None]) * z).sum(-1)  # H = lse − Σ p·z
-        confs["entropy"].append(1.0 - ent / math.log(z.shape[-1]))
+        for p, c in confidences(z, lse).items():
+            confs[p].append(c)
     return torch.cat(ces), {k: torch.cat(v) for k, v in confs.items()}
+
+
+def confidences(z: torch.Tensor, lse: torch.Tensor | None = None) -> dict:
+    """The three confidence scores of float logits z [N, V] (lse: their logsumexp, if known)."""
+    lse = torch.logsumexp(z, dim=-1) if lse is None else lse
+    top = z.topk(2, dim=-1).values
+    ent = lse - (torch.exp(z - lse[:, None]) * z).sum(-1)  # H = lse − Σ p·z
+    return {"max_prob": torch.exp(top[:, 0] - lse), "margin": top[:, 0] - top[:, 1],
+            "entropy": 1.0 - ent / math.log(z.shape[-1])}
 
 
 @torch.inference_mode()

@@ -24,6 +24,22 @@ from torch.utils.checkpoint import checkpoint
 from .config import ModelConfig
 
 
+class KVCache:
+    """Keys and values of the positions seen so far, for one (loop, layer) in generation."""
+
+    def __init__(self):
+        self.k = self.v = None
+
+    def __len__(self) -> int:
+        return 0 if self.k is None else self.k.shape[2]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add the new positions' k, v ([B, heads, T, head_dim]); return all of them."""
+        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
+        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        return self.k, self.v
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -32,10 +48,16 @@ class Attention(nn.Module):
         self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
         self.dropout = cfg.dropout
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         B, T, C = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True,
+        past = 0 if cache is None else len(cache)
+        mask = None
+        if cache is not None:  # generation: attend to the cached positions too
+            k, v = cache.append(k, v)
+            if past and T > 1:  # query i sits at position past + i
+                mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=past == 0,
                                            dropout_p=self.dropout if self.training else 0.0)
         return self.proj(y.transpose(1, 2).reshape(B, T, C))
 
@@ -60,10 +82,10 @@ class Block(nn.Module):
         self.mlp = SwiGLU(cfg)
         self.drop = nn.Dropout(cfg.dropout)  # on the SwiGLU output only
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         # the paper drops at three sites: the embedding sum, the attention probabilities
         # (inside Attention) and the SwiGLU output; the attention branch's output is not dropped
-        x = x + self.attn(self.norm1(x))
+        x = x + self.attn(self.norm1(x), cache)
         x = x + self.drop(self.mlp(self.norm2(x)))
         return x
 
@@ -92,18 +114,24 @@ class LoopedLM(nn.Module):
             self.apply(_gpt2_init)
 
     # -- the loop, in parts (forward, halting and the diagnostics all use these) ----
-    def embed(self, idx: torch.Tensor) -> torch.Tensor:
-        """The input of loop 1: token + position embeddings (added once), dropout."""
-        T = idx.shape[1]
+    def embed(self, idx: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """The input of loop 1: token + position embeddings (added once), dropout.
+
+        `start` is the position of idx's first token (generation with a KV cache)."""
+        T = start + idx.shape[1]
         if T > self.cfg.seq_len:
             raise ValueError(f"sequence length {T} exceeds the model's seq_len {self.cfg.seq_len}")
-        pos = torch.arange(T, device=idx.device)
+        pos = torch.arange(start, T, device=idx.device)
         return self.drop(self.tok_emb(idx) + self.pos_emb(pos))
 
-    def loop(self, x: torch.Tensor) -> torch.Tensor:
-        """One loop: the shared stack applied once. Returns H_k, before any normalisation."""
-        for block in self.blocks:
-            if self.checkpoint_blocks and torch.is_grad_enabled():
+    def loop(self, x: torch.Tensor, caches: list[KVCache] | None = None) -> torch.Tensor:
+        """One loop: the shared stack applied once. Returns H_k, before any normalisation.
+
+        `caches` (generation): this loop's KVCache of every layer, extended in place."""
+        for i, block in enumerate(self.blocks):
+            if caches is not None:
+                x = block(x, caches[i])
+            elif self.checkpoint_blocks and torch.is_grad_enabled():
                 x = checkpoint(block, x, use_reentrant=False)
             else:
                 x = block(x)

@@ -6,6 +6,8 @@ Files written into the run directory:
   state.pt        resumable state every `ckpt_every` steps and on SIGTERM
                   (model, optimiser, RNG, step); removed once the run is finished
   model.pt        final weights + config (+ status), what the evaluations read
+  model.safetensors, tokenizer.json, tokenizer_config.json, special_tokens_map.json
+                  the run as a self-contained artifact (artifacts.py, `loopscale.load`)
   summary.json    status (completed | diverged), steps, tokens, final validation, wall time
 
 The data order is a pure function of (seed, epoch), so a resumed run sees exactly the
@@ -252,6 +254,8 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
     # the final model: last finite weights (a diverged update is never applied)
     atomic_torch_save(out / "model.pt", {"model": model.state_dict(), "config": cfg.to_dict(),
                                          "step": step, "status": status})
+    from .artifacts import write_artifacts  # model.safetensors + tokenizer files (artifacts.py)
+    write_artifacts(out, model, cfg, data_dir, step=step, status=status)
     atomic_write_json(out / "summary.json", summary)
     state_path.unlink(missing_ok=True)
     return summary

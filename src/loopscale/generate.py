@@ -1,0 +1,253 @@
+"""Text generation from a trained looped LM: any depth, a KV cache, per-token halting.
+
+  loopscale generate --run RUN --prompt "..." [--loops k] [--max-new-tokens N]
+                     [--temperature T] [--top-k K] [--seed S] [--halt POLICY [--threshold τ]]
+
+Depth. `--loops k` applies the shared stack k times per token, any k >= 1, also beyond the
+K of training (the paper's depth-extrapolation question); the token is read out after loop k
+with the final readout, as `model.logits(model(idx, n_loops=k)[-1])` does.
+
+KV cache. Every (loop, layer) pair has its own cache of the keys and values of the positions
+seen so far, so the prompt is encoded once and each new token costs one pass of k loops
+over a single position. Cached decoding gives the tokens of uncached decoding (re-running
+the whole context every step; `use_cache=False`), tested.
+
+Context window. Positions are learned up to the model's seq_len. When a new token would sit
+at position seq_len, the window slides: the oldest tokens are dropped, the last seq_len/2
+tokens are re-encoded from position 0 (full depth) and decoding goes on from there. The
+uncached path uses the same windows, so both still agree. `Generation.slides` counts them.
+
+Halting (`--halt POLICY`). After each loop j < k the new token's exit logits (the exit
+readout the model was trained with) give a confidence (halting.py: max_prob, margin or
+entropy); when it reaches the threshold τ the token stops looping and is sampled from exit j.
+τ defaults to the per-token threshold `loopscale eval halting` calibrated for this run
+(RUN/eval/halting.json, policies["POLICY/token"]; none there means it never exits early).
+The prompt is always encoded at full depth.
+
+Halted tokens and deeper loops. In a causal model, a later token that runs loop m attends to
+every earlier position's keys and values at loop m, also those of a token that halted at
+loop j < m and never ran loop m. We copy the halted token's last computed state forward: its
+keys and values at loop j are stored as its keys and values at every deeper loop m (layer by
+layer), which costs no compute and is exact when the loop has converged (H_m = H_j). So every
+(loop, layer) cache always holds one entry per position.
+"""
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from .config import ConfigError
+from .halting import POLICIES, confidences
+from .model import KVCache, LoopedLM
+
+
+@dataclass
+class Halt:
+    """Stop looping a token at the first loop j < k whose exit confidence is >= threshold."""
+    policy: str
+    threshold: float  # math.inf: never exit early
+
+
+@dataclass
+class Generation:
+    tokens: list[int]  # the generated ids
+    loops: list[int]  # loops of the pass whose exit produced each generated token
+    slides: int = 0  # times the context window slid (see the module docstring)
+    seconds: float = 0.0
+    prompt: list[int] = field(default_factory=list)
+
+    @property
+    def mean_loops(self) -> float:
+        return sum(self.loops) / max(len(self.loops), 1)
+
+
+class Decoder:
+    """The decoding state of one sequence: a KV cache per (loop, layer) and the next position."""
+
+    def __init__(self, model: LoopedLM, n_loops: int, halt: Optional[Halt] = None):
+        self.model, self.n_loops, self.halt = model, n_loops, halt
+        self.caches = [[KVCache() for _ in model.blocks] for _ in range(n_loops)]
+        self.pos = 0
+
+    def __call__(self, ids: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Encode the new ids [1, T] after the cached ones; return the next-token logits
+        (float32 [V]) and the loops they came from. The first call (the prompt) runs at full
+        depth; halting applies to the single tokens fed after it."""
+        model, n = self.model, self.n_loops
+        may_halt = self.halt is not None and self.pos > 0 and ids.shape[1] == 1
+        x = model.embed(ids, start=self.pos)
+        self.pos += ids.shape[1]
+        for k in range(1, n + 1):
+            h = model.loop(x, self.caches[k - 1])
+            if k < n and may_halt:
+                z = model.logits(h[:, -1], final=False).float()
+                if confidences(z)[self.halt.policy].item() >= self.halt.threshold:
+                    self._copy_forward(k)
+                    return z[0], k
+            x = model.feed(h)
+        return model.logits(h[:, -1], final=True).float()[0], n
+
+    def _copy_forward(self, k: int) -> None:
+        """The token that halted after loop k: its loop-k keys/values stand in at loops k+1..n."""
+        for deeper in self.caches[k:]:
+            for src, dst in zip(self.caches[k - 1], deeper):
+                dst.append(src.k[:, :, -1:], src.v[:, :, -1:])
+
+
+def _full_depth_logits(model: LoopedLM, ids: torch.Tensor, n_loops: int) -> tuple[torch.Tensor, int]:
+    """Uncached: re-run the whole context, read the last position after loop n_loops."""
+    return model.logits(model(ids, n_loops=n_loops)[-1][:, -1], final=True).float()[0], n_loops
+
+
+def sample(logits: torch.Tensor, temperature: float, top_k: Optional[int],
+           generator: Optional[torch.Generator]) -> int:
+    """Greedy at temperature 0, else a draw from softmax(logits / T) over the top-k ids."""
+    if temperature <= 0:
+        return int(logits.argmax())
+    z = logits / temperature
+    if top_k:
+        kth = torch.topk(z, min(top_k, z.numel())).values[-1]
+        z = z.masked_fill(z < kth, -math.inf)
+    return int(torch.multinomial(torch.softmax(z, -1).cpu(), 1, generator=generator))
+
+
+@torch.inference_mode()
+def generate(model: LoopedLM, prompt: list[int], max_new_tokens: int, n_loops: Optional[int] = None,
+             temperature: float = 0.0, top_k: Optional[int] = None, seed: int = 0,
+             halt: Optional[Halt] = None, use_cache: bool = True) -> Generation:
+    """Continue `prompt` (token ids) by `max_new_tokens` tokens at depth n_loops (default K)."""
+    n = model.cfg.n_loops if n_loops is None else n_loops
+    if n < 1:
+        raise ConfigError(f"--loops must be >= 1, got {n}")
+    if not prompt:
+        raise ConfigError("the prompt encodes to no tokens; give some text")
+    if halt is not None and not use_cache:
+        raise ConfigError("halting needs the KV cache (use_cache=True)")
+    if halt is not None and halt.policy not in POLICIES:
+        raise ConfigError(f"--halt: unknown policy {halt.policy!r}; choose one of {', '.join(POLICIES)}")
+    model.eval()
+    dev = model.tok_emb.weight.device
+    seq = model.cfg.seq_len
+    g = torch.Generator().manual_seed(seed)
+    ids = list(prompt)
+    start = max(0, len(ids) - seq)  # a prompt longer than the window keeps its last seq_len tokens
+    out = Generation(tokens=[], loops=[], prompt=list(prompt))
+
+    def encode_window():
+        window = torch.tensor([ids[start:]], device=dev)
+        if not use_cache:
+            return None, _full_depth_logits(model, window, n)
+        dec = Decoder(model, n, halt)
+        return dec, dec(window)
+
+    t0 = time.perf_counter()
+    dec, (logits, loops) = encode_window()
+    for i in range(max_new_tokens):
+        nxt = sample(logits, temperature, top_k, g)
+        ids.append(nxt)
+        out.tokens.append(nxt)
+        out.loops.append(loops)
+        if i == max_new_tokens - 1:
+            break
+        if len(ids) - start > seq:  # the new token has no position left: slide the window
+            start = len(ids) - seq // 2
+            out.slides += 1
+            dec, (logits, loops) = encode_window()
+        elif use_cache:
+            logits, loops = dec(torch.tensor([[nxt]], device=dev))
+        else:
+            logits, loops = _full_depth_logits(model, torch.tensor([ids[start:]], device=dev), n)
+    out.seconds = time.perf_counter() - t0
+    return out
+
+
+# ---------------------------------------------------------------------------
+# calibrated thresholds of a run
+# ---------------------------------------------------------------------------
+def run_threshold(run_dir: str | Path, policy: str) -> float:
+    """The per-token threshold `loopscale eval halting` calibrated for this run and policy."""
+    if policy not in POLICIES:
+        raise ConfigError(f"--halt: unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
+    path = Path(run_dir) / "eval" / "halting.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: run `loopscale eval halting --model {Path(run_dir) / 'model.pt'} "
+                                f"--data DATA --out {path}` first, or give --threshold")
+    try:
+        pol = json.loads(path.read_text())["policies"][f"{policy}/token"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise ConfigError(f"{path} has no calibrated {policy}/token policy; rerun `loopscale eval halting`") from None
+    tau = pol.get("threshold")
+    return math.inf if tau is None else float(tau)  # None: calibration never exits early
+
+
+# ---------------------------------------------------------------------------
+# speed (used by `loopscale bench --generate RUN`)
+# ---------------------------------------------------------------------------
+def bench_generation(model: LoopedLM, run_dir: Optional[str | Path] = None, new_tokens: int = 32,
+                     prompt_len: int = 16, seed: int = 0) -> dict:
+    """Generation tokens/s (greedy, KV cache, batch 1) at every depth k = 1..K, and with each
+    policy's calibrated per-token halting when the run has RUN/eval/halting.json."""
+    K, V = model.cfg.n_loops, model.cfg.vocab_size
+    prompt = torch.randint(4, V, (prompt_len,), generator=torch.Generator().manual_seed(seed)).tolist()
+    new_tokens = min(new_tokens, model.cfg.seq_len - prompt_len)  # no window slide inside the timing
+    generate(model, prompt, 2)  # warm-up
+    rows = []
+    variants = [(f"k={k}", k, None) for k in range(1, K + 1)]
+    if run_dir is not None and (Path(run_dir) / "eval" / "halting.json").is_file():
+        variants += [(f"halt {p}", K, Halt(p, run_threshold(run_dir, p))) for p in POLICIES]
+    for name, k, halt in variants:
+        g = generate(model, prompt, new_tokens, n_loops=k, halt=halt)
+        rows.append({"name": name, "loops": k, "policy": halt.policy if halt else None,
+                     "threshold": None if halt is None or not math.isfinite(halt.threshold) else halt.threshold,
+                     "tokens": len(g.tokens), "seconds": g.seconds, "tok_per_s": len(g.tokens) / g.seconds,
+                     "mean_loops": g.mean_loops})
+    return {"prompt_tokens": prompt_len, "new_tokens": new_tokens, "batch_size": 1, "rows": rows}
+
+
+# ---------------------------------------------------------------------------
+# command line
+# ---------------------------------------------------------------------------
+def cmd_generate(args) -> int:
+    from .artifacts import load
+    model, tok, cfg = load(args.run, device=args.device)
+    halt = None
+    if args.halt:
+        tau = args.threshold if args.threshold is not None else run_threshold(args.run, args.halt)
+        halt = Halt(args.halt, tau)
+    elif args.threshold is not None:
+        raise ConfigError("--threshold needs --halt POLICY")
+    if args.max_new_tokens < 0:
+        raise ConfigError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
+    prompt = tok.encode(args.prompt, add_special_tokens=False).ids
+    g = generate(model, prompt, args.max_new_tokens, n_loops=args.loops, temperature=args.temperature,
+                 top_k=args.top_k, seed=args.seed, halt=halt)
+    print(args.prompt + tok.decode(g.tokens, skip_special_tokens=False))
+    k = args.loops or cfg.model.n_loops
+    note = f"; window slid {g.slides}x (seq_len {cfg.model.seq_len})" if g.slides else ""
+    how = f", halting {halt.policy} τ={halt.threshold:.4g}" if halt else ""
+    print(f"[{len(g.tokens)} tokens at k={k} (K_train={cfg.model.n_loops}){how}: mean loops/token "
+          f"{g.mean_loops:.2f}, {len(g.tokens) / max(g.seconds, 1e-9):.1f} tok/s{note}]", file=sys.stderr)
+    return 0
+
+
+def add_cli(subparsers) -> None:
+    p = subparsers.add_parser("generate", help="sample text from a trained run (any depth, KV cache, halting)")
+    p.add_argument("--run", required=True, help="run directory (model.safetensors or model.pt, tokenizer.json)")
+    p.add_argument("--prompt", required=True, help="text to continue")
+    p.add_argument("--loops", type=int, default=None, help="loops per token (default: K of training; any k >= 1)")
+    p.add_argument("--max-new-tokens", type=int, default=40)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--halt", choices=POLICIES, default=None,
+                   help="per-token halting with this policy's calibrated threshold (RUN/eval/halting.json)")
+    p.add_argument("--threshold", type=float, default=None, help="override the calibrated halting threshold")
+    p.add_argument("--device", default="cpu", help="cpu | cuda")
+    p.set_defaults(func=cmd_generate)

@@ -1,0 +1,109 @@
+"""A finished run is a self-contained artifact: safetensors, tokenizer files, load, export, generate."""
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors import safe_open
+from tokenizers import Tokenizer
+
+import loopscale
+from loopscale.cli import main
+from loopscale.config import preset
+from loopscale.evaluate import load_model
+from loopscale.train import train
+
+ARTIFACT_FILES = ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+@pytest.fixture(scope="module")
+def run(smoke_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("artifact-run") / "run"
+    cfg = preset("smoke", {"model": {"readout": "final_norm", "vocab_size": 512}, "data": {"vocab_size": 512},
+                           "train": {"max_steps": 6, "device": "cpu"}})
+    train(cfg, smoke_data, out, progress=False)
+    return out
+
+
+def test_training_writes_the_artifact_and_load_gives_the_same_logits(run):
+    for name in ARTIFACT_FILES + ("model.pt", "config.json"):
+        assert (run / name).is_file(), name
+    model, tok, cfg = loopscale.load(run)
+    ref, _, _ = load_model(run / "model.pt")
+    idx = torch.tensor([tok.encode("The state of the Union is strong.").ids])
+    with torch.no_grad():
+        for k, (a, b) in enumerate(zip(model(idx, n_loops=5), ref(idx, n_loops=5))):
+            torch.testing.assert_close(model.logits(a, k == 4), ref.logits(b, k == 4), rtol=0, atol=0)
+    assert cfg.model == ref.cfg and not model.training
+
+
+def test_safetensors_stores_the_tied_head_once(run):
+    model, _, _ = loopscale.load(run)
+    with safe_open(str(run / "model.safetensors"), "pt") as f:
+        keys = set(f.keys())
+        assert f.metadata()["step"] == "6" and f.metadata()["status"] == "completed"
+        assert sum(f.get_tensor(k).numel() for k in keys) == model.num_params()
+    assert keys == set(model.state_dict()) and "tok_emb.weight" in keys
+    assert not any("head" in k for k in keys)
+
+
+def test_tokenizer_files_carry_the_special_tokens(run, smoke_data):
+    assert (run / "tokenizer.json").read_bytes() == (smoke_data / "tokenizer.json").read_bytes()
+    tok = Tokenizer.from_file(str(run / "tokenizer.json"))
+    text = "We the people, in order to form a more perfect Union."
+    ids = tok.encode(text).ids
+    assert ids[:4] == [tok.token_to_id(w) for w in ("We", " ", "the", " ")]
+    assert tok.encode(tok.decode(ids, skip_special_tokens=False)).ids == ids  # <unk>s included
+    conf = json.loads((run / "tokenizer_config.json").read_text())
+    special = json.loads((run / "special_tokens_map.json").read_text())
+    roles = {"pad_token": "<pad>", "bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>"}
+    assert special == roles
+    assert conf["tokenizer_class"] == "PreTrainedTokenizerFast" and conf["model_max_length"] == 32
+    assert {k: conf[k] for k in roles} == roles
+    for i, name in enumerate(("<pad>", "<bos>", "<eos>", "<unk>")):  # ids as the tokenizer has them
+        assert conf["added_tokens_decoder"][str(i)]["content"] == name == tok.id_to_token(i)
+        assert conf["added_tokens_decoder"][str(i)]["special"] is True
+
+
+def test_export_rebuilds_the_artifact_of_an_older_run(run, smoke_data, tmp_path, capsys):
+    before = {n: (run / n).read_bytes() for n in ARTIFACT_FILES}
+    weights = _weights(run)
+    for n in ARTIFACT_FILES:
+        (run / n).unlink()
+    assert main(["export", str(run), "--data", str(smoke_data)]) == 0
+    assert {n: (run / n).read_bytes() for n in ARTIFACT_FILES[1:]} == {n: before[n] for n in ARTIFACT_FILES[1:]}
+    new = _weights(run)  # (the header's key order is not fixed: compare contents)
+    assert new[1] == weights[1] and new[0].keys() == weights[0].keys()
+    assert all(torch.equal(new[0][k], weights[0][k]) for k in new[0])
+    # the tokenizer of other data is refused, naming why
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "tokenizer.json").write_bytes(before["tokenizer.json"].replace(b'"<unk>"', b'"<UNK>"', 1))
+    assert main(["export", str(run), "--data", str(other)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "not the tokenizer" in err[0]
+    assert main(["export", str(tmp_path)]) == 2
+
+
+def _weights(run):
+    with safe_open(str(run / "model.safetensors"), "pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
+
+
+def test_generate_command(run, capsys):
+    assert main(["generate", "--run", str(run), "--prompt", "The Congress", "--max-new-tokens", "8",
+                 "--loops", "5"]) == 0
+    out = capsys.readouterr()
+    assert out.out.startswith("The Congress") and "8 tokens at k=5 (K_train=3)" in out.err
+    assert "mean loops/token 5.00" in out.err
+    assert main(["generate", "--run", str(run), "--prompt", "The", "--halt", "margin"]) == 2  # not calibrated
+    assert "loopscale eval halting" in capsys.readouterr().err
+    assert main(["generate", "--run", str(run), "--prompt", "The", "--max-new-tokens", "6",
+                 "--halt", "margin", "--threshold", "0"]) == 0
+    assert "mean loops/token 1.33" in capsys.readouterr().err  # (3 + 5 * 1) / 6
+
+
+def test_load_is_lazy_and_exported():
+    code = "import sys, loopscale; assert 'torch' not in sys.modules; loopscale.load; assert 'torch' in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)
