@@ -38,9 +38,9 @@ which runs (with :func:`snakemake_env`, i.e. the venv's bin/ first on PATH)::
 
 Why these details matter:
 
-* ``--workflow-profile none``: for the Snakefile, Snakemake otherwise also
-  loads profiles/default, whose ``cores: all`` caps each job's threads
-  (and thus sbatch --cpus-per-task) at the submit host's core count.
+* ``--workflow-profile none``: no workflow profile is merged on top (there is
+  no profiles/default today; one with ``cores: all`` would cap each job's
+  threads, and thus sbatch --cpus-per-task, at the submit host's core count).
 * PATH: the plugin submits with ``sbatch --export=ALL``, so jobs inherit the
   caller's environment; the venv's bin/ must be on PATH for rules that call
   ``python``/``loopscale``/``snakemake``. SLURM_* variables are stripped so a

@@ -73,18 +73,16 @@ def test_slurm_profile_is_found_and_selects_the_slurm_executor(repo, monkeypatch
     assert "profiles/default" not in stderr
 
 
-def test_default_profile_is_loaded_automatically_and_only_then(repo, monkeypatch):
+def test_local_runs_load_no_profile(repo, monkeypatch):
+    """There is no profiles/default: a plain `snakemake` takes only its command line (and a
+    bad params.yaml still gives exactly one line on stderr, tests/test_pipeline.py)."""
     from snakemake.cli import parse_args
+    assert not (repo / "profiles" / "default").exists()
     monkeypatch.chdir(repo)
-    _, args = parse_args(["-n"])
-    assert args.cores == os.cpu_count() and args.rerun_incomplete and args.printshellcmds
-    assert args.executor in (None, "local")
-    _, args = parse_args(["--workflow-profile", "none", "-n"])
-    assert not args.rerun_incomplete and not args.printshellcmds
-    proc = smk(repo, "-n", "--config", "experiment=smoke")
-    assert "Using workflow specific profile profiles/default for setting default" in proc.stderr
-    proc = smk(repo, "-n", "--workflow-profile", "none", "--config", "experiment=smoke")
-    assert "Using" not in proc.stderr
+    _, args = parse_args(["--cores", "2", "-n"])
+    assert args.executor in (None, "local") and not args.rerun_incomplete and not args.retries
+    proc = smk(repo, "--cores", "2", "-n", "--config", "experiment=smoke")
+    assert "profile" not in proc.stderr
 
 
 def test_paper_jobs_ask_for_gpus_threads_memory_and_time(repo):
