@@ -24,7 +24,7 @@ instead)::
             "--config", "experiment=smoke",         # e.g.; any extra snakemake args
             "--set-resources", "train:runtime=120", # per-rule overrides, if needed
             cwd=REPO_ROOT,                          # where snakemake runs
-            snakefile=REPO_ROOT / "workflow" / "Snakefile",  # optional
+            snakefile=REPO_ROOT / "Snakefile",  # optional
             timeout=900,                            # seconds; kills the run, fails the test
         )
         # a non-zero exit already failed the test (check=True), with the
@@ -33,14 +33,14 @@ instead)::
 
 which runs (with :func:`snakemake_env`, i.e. the venv's bin/ first on PATH)::
 
-    <venv>/bin/snakemake --profile <abs>/workflow/profiles/slurm-local \\
+    <venv>/bin/snakemake --profile <abs>/profiles/slurm-local \\
         --workflow-profile none [--snakefile S] <args...>
 
 Why these details matter:
 
-* ``--workflow-profile none``: for workflow/Snakefile, Snakemake otherwise also
-  loads workflow/profiles/default, whose ``cores: all`` caps each job's threads
-  (and thus sbatch --cpus-per-task) at the submit host's core count.
+* ``--workflow-profile none``: no workflow profile is merged on top (there is
+  no profiles/default today; one with ``cores: all`` would cap each job's
+  threads, and thus sbatch --cpus-per-task, at the submit host's core count).
 * PATH: the plugin submits with ``sbatch --export=ALL``, so jobs inherit the
   caller's environment; the venv's bin/ must be on PATH for rules that call
   ``python``/``loopscale``/``snakemake``. SLURM_* variables are stripped so a
@@ -77,7 +77,7 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_SH = REPO_ROOT / "tests" / "slurm" / "cluster.sh"
-PROFILES_DIR = REPO_ROOT / "workflow" / "profiles"
+PROFILES_DIR = REPO_ROOT / "profiles"
 SLURM_LOCAL_PROFILE = PROFILES_DIR / "slurm-local"
 SLURM_PROFILE = PROFILES_DIR / "slurm"
 DEFAULT_PROFILE = PROFILES_DIR / "default"

@@ -17,13 +17,22 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, truncated, corrupted or belongs to another model."""
 
 
+def _new_file_mode() -> int:
+    """The mode open() gives a new file: 0o666 minus the process umask (0o644 under 022)."""
+    umask = os.umask(0)
+    os.umask(umask)
+    return 0o666 & ~umask
+
+
 def atomic_write(path: str | os.PathLike, write) -> Path:
     """Call `write(binary_file)` on a temporary file beside `path`, then rename it over `path`:
-    a crash never leaves a truncated file under the final name."""
+    a crash never leaves a truncated file under the final name. The file gets the mode a
+    plain open() would give it (mkstemp's 0600 would hide results from collaborators)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, _new_file_mode())
         with os.fdopen(fd, "wb") as f:
             write(f)
             f.flush()
