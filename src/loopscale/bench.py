@@ -45,9 +45,10 @@ from pathlib import Path
 import torch
 
 from .config import RunConfig, merge, preset
-from .model import LoopedLM, count_params, flops_per_token
+from .model import count_params, flops_per_token
 from .objective import compute_loss, linear_cross_entropy
 from .runtime import autocast, enable_tf32, resolve_device, sync, uses_bf16
+from .train import build, train_step
 
 # bench-only shapes: (base preset, overrides)
 BENCH_SHAPES: dict[str, tuple[str, dict]] = {
@@ -183,21 +184,16 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, n: int | None = None, 
 
 
 # ---------------------------------------------------------------------------
-# the training step (exactly train.py's)
+# the training step (train.py's own)
 # ---------------------------------------------------------------------------
 class Trainer:
-    """Model, AdamW and the training step of `loopscale train`, on random token batches."""
+    """Model, AdamW and `train.train_step` of `loopscale train`, on random token batches."""
 
     def __init__(self, cfg: RunConfig, device: torch.device, compile: bool = False, seed: int = 0,
                  checkpoint: bool = False):
-        tc = cfg.train
         self.cfg, self.device = cfg, device
         torch.manual_seed(seed)
-        self.model = LoopedLM(cfg.model).to(device)
-        self.model.checkpoint_blocks = checkpoint
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=tc.lr, betas=tuple(tc.betas),
-                                     weight_decay=tc.weight_decay, fused=device.type == "cuda")
-        self.fwd = torch.compile(self.model) if compile else self.model
+        self.model, self.opt, self.fwd = build(cfg, device, compile=compile, checkpoint=checkpoint)
         self.model.train()
 
     def batch(self, batch_size: int | None = None, generator: torch.Generator | None = None):
@@ -208,17 +204,8 @@ class Trainer:
         return x.to(self.device), y.to(self.device)
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        tc = self.cfg.train
-        with autocast(self.device, tc.precision):
-            states = self.fwd(x)
-            res = compute_loss(self.model, states, y, self.cfg.objective, all_exits=False)
-        self.opt.zero_grad(set_to_none=True)
-        res.total.backward()
-        gnorm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), tc.grad_clip)
-        nonfinite = ~(torch.isfinite(res.total) & torch.isfinite(gnorm) & torch.isfinite(res.norms).all())
-        if bool(nonfinite):
+        if not train_step(self.model, self.fwd, self.opt, x, y, self.cfg, self.device).finite:
             raise FloatingPointError("non-finite loss or gradient in the benchmark step")
-        self.opt.step()
 
 
 def bench_train(cfg: RunConfig, device: torch.device, steps: int, warmup: int, compile: bool = False,

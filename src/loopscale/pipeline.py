@@ -411,12 +411,12 @@ def drop_stale_state(run_dir: str | os.PathLike, config_path: str | os.PathLike)
         return False
     from .config import load_config
     from .io import CheckpointError, load_checkpoint
-    from .train import _comparable
+    from .train import resume_comparable
 
     cfg = load_config(str(config_path))
     try:
         ck = load_checkpoint(state)
-        same = _comparable(ck["config"]) == _comparable(cfg.to_dict())
+        same = resume_comparable(ck["config"]) == resume_comparable(cfg.to_dict())
     except (CheckpointError, KeyError):
         same = False
     if not same:

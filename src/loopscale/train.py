@@ -21,6 +21,7 @@ import math
 import signal
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +34,7 @@ from .evaluate import exit_losses
 from .io import (CheckpointError, atomic_torch_save, atomic_write_json, atomic_write_text,
                  load_checkpoint, run_environment)
 from .model import LoopedLM
-from .objective import compute_loss
+from .objective import LossOutput, compute_loss
 from .runtime import autocast, enable_tf32, resolve_device
 
 # settings that may change between a checkpoint and its resumption without changing results
@@ -45,12 +46,55 @@ class Preempted(RuntimeError):
     """SIGTERM arrived; the state was checkpointed and the run can be resumed."""
 
 
-def _comparable(cfg: dict) -> dict:
+def resume_comparable(cfg: dict) -> dict:
+    """The part of a config dict that must match between a checkpoint and its resumption."""
     d = json.loads(json.dumps(cfg))
     d.pop("eval", None)
     for k in _RESUME_FREE:
         d.get("train", {}).pop(k, None)
     return d
+
+
+def build(cfg: RunConfig, device: torch.device, *, compile: bool | None = None,
+          checkpoint: bool | None = None) -> tuple[LoopedLM, torch.optim.Optimizer, torch.nn.Module]:
+    """The model (initialised from the current torch seed), its AdamW, and what the training
+    step calls for the forward pass (the model, or its torch.compile'd wrapper).
+    `compile`/`checkpoint` default to train.compile / train.activation_checkpointing."""
+    tc = cfg.train
+    model = LoopedLM(cfg.model).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay,
+                            fused=device.type == "cuda")
+    model.checkpoint_blocks = tc.activation_checkpointing if checkpoint is None else checkpoint
+    fwd = torch.compile(model) if (tc.compile if compile is None else compile) else model
+    return model, opt, fwd
+
+
+@dataclass
+class StepOutput:
+    loss: LossOutput
+    grad_norm: torch.Tensor  # total gradient norm before clipping
+    finite: bool  # loss, gradient norm and state norms all finite; if not, no update was applied
+
+
+def train_step(model: LoopedLM, fwd, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
+               cfg: RunConfig, device: torch.device, *, all_exits: bool = False) -> StepOutput:
+    """One optimiser step: forward under autocast, the objective, backward, gradient clipping,
+    the divergence check, AdamW. A non-finite loss, gradient or norm is caught before the
+    update, so a diverged update never lands (one host synchronisation per step).
+
+    `fwd` runs the forward pass (the model, its compiled or a data-parallel wrapper); `model`
+    gives the readout and head the objective reads. `all_exits` also measures the exits that
+    are not in the loss (for logging)."""
+    with autocast(device, cfg.train.precision):
+        states = fwd(x)
+        res = compute_loss(model, states, y, cfg.objective, all_exits=all_exits)
+    opt.zero_grad(set_to_none=True)
+    res.total.backward()
+    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
+    finite = bool(torch.isfinite(res.total) & torch.isfinite(gnorm) & torch.isfinite(res.norms).all())
+    if finite:
+        opt.step()
+    return StepOutput(res, gnorm, finite)
 
 
 class _SigtermFlag:
@@ -139,11 +183,7 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
     total_steps = tc.max_steps or max(1, math.ceil(tc.epochs * steps_per_epoch))
 
     torch.manual_seed(tc.seed)
-    model = LoopedLM(mc).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay,
-                            fused=device.type == "cuda")
-    model.checkpoint_blocks = tc.activation_checkpointing
-    fwd = torch.compile(model) if tc.compile else model
+    model, opt, fwd = build(cfg, device)
 
     state_path, metrics_path = out / "state.pt", out / "metrics.jsonl"
     done = _finished_summary(out, cfg)
@@ -152,7 +192,7 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
     step, elapsed_before = 0, 0.0
     if resume and state_path.exists():
         ck = load_checkpoint(state_path, map_location=device)
-        if _comparable(ck["config"]) != _comparable(cfg.to_dict()):
+        if resume_comparable(ck["config"]) != resume_comparable(cfg.to_dict()):
             raise CheckpointError(f"checkpoint {state_path} was written with a different config; "
                                   f"delete the run directory {out} to start over")
         model.load_state_dict(ck["model"])
@@ -182,7 +222,6 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
 
     log = open(metrics_path, "a")
     perm_epoch, perm = -1, None
-    nonfinite = torch.zeros((), dtype=torch.bool, device=device)
     last_good: dict | None = None
     status, diverged_at = "completed", None
     bar = tqdm(total=total_steps, initial=step, disable=not progress, desc=out.name, mininterval=1.0,
@@ -200,17 +239,11 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
                                    mc.seq_len)
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 is_log = (step + 1) % tc.log_every == 0 or step + 1 == total_steps
-                with autocast(device, tc.precision):
-                    states = fwd(x)
-                    res = compute_loss(model, states, y, cfg.objective, all_exits=is_log)
-                opt.zero_grad(set_to_none=True)
-                res.total.backward()
-                gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-                nonfinite |= ~(torch.isfinite(res.total) & torch.isfinite(gnorm) & torch.isfinite(res.norms).all())
-                if bool(nonfinite):  # checked before the step so a diverged update never lands
+                done_step = train_step(model, fwd, opt, x, y, cfg, device, all_exits=is_log)
+                if not done_step.finite:  # the update was not applied
                     status, diverged_at = "diverged", step + 1
                     break
-                opt.step()
+                res, gnorm = done_step.loss, done_step.grad_norm
                 step += 1
                 tok_log += y.numel()
                 bar.update(1)
