@@ -15,7 +15,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from loopscale.config import LOSSES, READOUTS, RECURRENCES, REGULARIZERS, ObjectiveConfig, preset
 from loopscale.model import LoopedLM, flops_per_token
-from loopscale.objective import compute_loss, linear_cross_entropy
+from loopscale.linear_ce import linear_cross_entropy
+from loopscale.objective import compute_loss
 
 @pytest.fixture(autouse=True, scope="module")
 def one_thread():

@@ -5,7 +5,8 @@ import torch.nn.functional as F
 
 from loopscale.config import ObjectiveConfig, preset
 from loopscale.model import LoopedLM
-from loopscale.objective import compute_loss, linear_cross_entropy
+from loopscale.linear_ce import linear_cross_entropy
+from loopscale.objective import compute_loss
 
 
 def setup(readout="rmsnorm", **obj):

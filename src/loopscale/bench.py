@@ -45,8 +45,9 @@ from pathlib import Path
 import torch
 
 from .config import RunConfig, merge, preset
+from .linear_ce import linear_cross_entropy
 from .model import count_params, flops_per_token
-from .objective import compute_loss, linear_cross_entropy
+from .objective import compute_loss
 from .runtime import autocast, enable_tf32, resolve_device, sync, uses_bf16
 from .train import build, train_step
 

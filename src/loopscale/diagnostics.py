@@ -35,7 +35,7 @@ from .config import ConfigError, EvalConfig, RunConfig, merge, parse_overrides
 from .evaluate import exit_losses, load_model
 from .io import CheckpointError, atomic_write_json
 from .model import LoopedLM, flops_per_token
-from .objective import linear_cross_entropy
+from .linear_ce import linear_cross_entropy
 from .runtime import ppl, resolve_device, sync
 
 DIAGNOSTICS = ("depth", "throughput", "norms", "radial", "lemma", "clamp", "halting")

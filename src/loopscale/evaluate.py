@@ -13,7 +13,8 @@ from . import data as D
 from .config import RunConfig
 from .io import CheckpointError, load_checkpoint
 from .model import LoopedLM
-from .objective import linear_cross_entropy, mean_token_norm
+from .linear_ce import linear_cross_entropy
+from .objective import mean_token_norm
 from .runtime import ppl
 
 
