@@ -20,6 +20,7 @@ import torch
 from loopscale import cli
 from loopscale import data as D
 from loopscale import diagnostics as G
+from loopscale import evaluate as E
 from loopscale import halting as Hl
 from loopscale.config import DataConfig, preset
 from loopscale.evaluate import exit_losses
@@ -115,7 +116,7 @@ def _make_env(tmp_path_factory):
 
 
 def _open(env, name, *overrides):
-    return G.open_run(env["runs"][name]["model"], env["data"], list(overrides), "cpu", progress=False)
+    return E.open_run(env["runs"][name]["model"], env["data"], list(overrides), "cpu", progress=False)
 
 
 # ---------------------------------------------------------------- depth
@@ -139,7 +140,7 @@ def test_depth_at_K_equals_training_validation(env):
     assert [r["ce"] for r in res["exits"]] == pytest.approx(val["val_ce"], rel=1e-6)
     assert [r["norm"] for r in res["exits"]] == pytest.approx(val["val_norm"], rel=1e-6)
     # and evaluate.exit_losses on the loaded model
-    r = G.open_run(run["model"], env["data"], [f"eval.max_tokens={cfg.train.eval_tokens}"], "cpu")
+    r = E.open_run(run["model"], env["data"], [f"eval.max_tokens={cfg.train.eval_tokens}"], "cpu")
     ref = exit_losses(r.model, r.tokens, r.ecfg.batch_size, r.ecfg.max_tokens)
     assert res["exits"][-1]["ce"] == pytest.approx(ref["ce"][-1], rel=1e-7)
     assert res["depth"][K - 1]["ce"] == pytest.approx(res["exits"][K - 1]["ce"], rel=1e-7)
@@ -180,7 +181,7 @@ def test_radial_fraction(env, name):
 # ---------------------------------------------------------------- clamps
 def test_freeze_loop1_keeps_every_loop_at_loop1_rms(env):
     run = _open(env, "raw")
-    x, _ = next(G.batches(run, G.windows(run, 256)))
+    x, _ = next(E.batches(run, E.windows(run, 256)))
     with torch.no_grad():
         states = run.model(x, n_loops=6, state_fn=G.clamp_fn("freeze_loop1"))
         free = run.model(x, n_loops=6)
@@ -194,7 +195,7 @@ def test_freeze_loop1_keeps_every_loop_at_loop1_rms(env):
 @pytest.mark.parametrize("name", ["raw", "inter_loop_norm"])
 def test_remove_radial_removes_the_radial_update(env, name):
     run = _open(env, name)
-    x, _ = next(G.batches(run, G.windows(run, 256)))
+    x, _ = next(E.batches(run, E.windows(run, 256)))
     inputs = []
 
     def spy(k, x_in, h):
@@ -243,7 +244,7 @@ def test_lemma(env):
     L = run.ecfg.lemma_loops
     assert n == run.ecfg.lemma_tokens and len(res["loops"]) == L
     with torch.no_grad():
-        x, _ = next(G.batches(run, G.windows(run, run.ecfg.lemma_tokens)))
+        x, _ = next(E.batches(run, E.windows(run, run.ecfg.lemma_tokens)))
         states = run.model(x, n_loops=L)
     for k in (0, L - 2):  # against a direct computation (the fixture's first batch = all lemma tokens)
         s0, s1 = states[k].double().norm(dim=-1), states[k + 1].double().norm(dim=-1)
@@ -259,7 +260,7 @@ def test_lemma(env):
 def test_dynamic_execution_matches_the_model(env):
     for name in ("rmsnorm", "inter_loop_norm"):
         run = _open(env, name)
-        x, y = next(G.batches(run, G.windows(run, 256)))
+        x, y = next(E.batches(run, E.windows(run, 256)))
         ce_sum, loops = Hl.dynamic_batch(run.model, x, y, None, None)
         with torch.no_grad():
             h = run.model(x)[-1]
@@ -271,14 +272,14 @@ def test_dynamic_execution_matches_the_model(env):
 @pytest.mark.parametrize("policy", Hl.POLICIES)
 def test_dynamic_early_exit_matches_posthoc(env, policy):
     run = _open(env, "rmsnorm", "eval.batch_size=4")
-    starts = G.windows(run, 1024)
+    starts = E.windows(run, 1024)
     ce, conf = Hl.collect(run, starts)
     c = conf[policy].mean(axis=1)  # window confidences [S, K]
     tau = float(np.median(c[:, 0]))  # half the windows leave after loop 1
     mean_ce, mean_loops, exits = Hl.outcomes(ce, conf[policy], np.array([tau]), "sequence")
     assert 0 < (exits[0] == 0).sum() < len(starts)
     ce_sum = loops = 0.0
-    for x, y in G.batches(run, starts):
+    for x, y in E.batches(run, starts):
         c_b, l_b = Hl.dynamic_batch(run.model, x, y, policy, tau)
         ce_sum, loops = ce_sum + float(c_b), loops + float(l_b)
     n = len(starts) * run.seq_len
@@ -352,12 +353,12 @@ def test_bad_checkpoints_give_one_line_errors(env, capsys, diag, tmp_path):
 def test_mismatch_message_names_both_vocabularies(env):
     from loopscale.io import CheckpointError
     with pytest.raises(CheckpointError, match=r"was trained on vocabulary \d+ but data dir .* has \d+"):
-        G.open_run(env["runs"]["rmsnorm"]["model"], env["other"], device="cpu")
+        E.open_run(env["runs"]["rmsnorm"]["model"], env["other"], device="cpu")
     # an untrained model without config.json beside it is checked through its data settings
     cfg = preset("smoke", {"data": {"vocab_size": 1024}})
     p = _save_untrained(env["root"] / "v1024" / "model.pt", cfg)
     with pytest.raises(CheckpointError, match="vocabulary 1024"):
-        G.open_run(p, env["data"], device="cpu")
+        E.open_run(p, env["data"], device="cpu")
 
 
 def test_diverged_model_is_reported_not_evaluated(env, capsys, tmp_path, monkeypatch):

@@ -1,21 +1,30 @@
-"""Teacher-forced evaluation shared by training and the depth evaluation.
+"""Evaluation plumbing shared by training, the diagnostics and halting.
 
-Windows are non-overlapping (seq_len+1 tokens stepping by seq_len, so every target token
-is scored once), the model runs in fp32 with dropout off.
+`exit_losses` is the teacher-forced evaluation (validation during training, the depth
+evaluation); `open_run` opens a trained model with its data for the diagnostics, which
+read batches of its validation windows (`windows`, `batches`) and put `header` on top of
+every result file. Windows are non-overlapping (seq_len+1 tokens stepping by seq_len, so
+every target token is scored once), the model runs in fp32 with dropout off.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator, Optional
 
+import numpy as np
 import torch
+from tqdm.auto import tqdm
 
 from . import data as D
-from .config import RunConfig
+from .config import ConfigError, EvalConfig, RunConfig, merge, parse_overrides
 from .io import CheckpointError, load_checkpoint
-from .model import LoopedLM
 from .linear_ce import linear_cross_entropy
+from .model import LoopedLM
 from .objective import mean_token_norm
-from .runtime import ppl
+from .runtime import ppl, resolve_device
 
 
 @torch.no_grad()
@@ -68,3 +77,152 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[Lo
         raise CheckpointError(f"checkpoint {path} does not match its config's model shape: "
                               f"{str(e).splitlines()[0][:200]}") from None
     return model.to(device).eval(), cfg, ckpt
+
+
+# ---------------------------------------------------------------------------
+# one run, opened for evaluation
+# ---------------------------------------------------------------------------
+@dataclass
+class EvalRun:
+    """A trained model with everything a diagnostic needs."""
+    model: LoopedLM
+    cfg: RunConfig  # the run's config, with the eval overrides applied
+    ecfg: EvalConfig
+    tokens: Optional[np.ndarray]  # validation split (None for a diverged model)
+    device: torch.device
+    step: Optional[int]
+    status: str  # "ok" | "diverged"
+    model_path: Path
+    data_dir: Path
+    progress: bool = True
+
+    @property
+    def K(self) -> int:
+        return self.cfg.model.n_loops
+
+    @property
+    def seq_len(self) -> int:
+        return self.cfg.model.seq_len
+
+
+def eval_config(cfg: RunConfig, overrides: Optional[list[str]] = None) -> RunConfig:
+    """The run's config with `--set eval.key=value` overrides applied (eval keys only)."""
+    if not overrides:
+        return cfg
+    upd = parse_overrides(overrides)
+    bad = [k for k in upd if k != "eval"]
+    if bad:
+        raise ConfigError(f"--set {bad[0]}.…: diagnostics only take eval.* overrides "
+                          f"(the model's other settings are fixed by training)")
+    d = merge(cfg.to_dict(), upd, "override")
+    cfg = RunConfig.from_dict(d)
+    _check_eval(cfg.eval)
+    return cfg
+
+
+def _check_eval(e: EvalConfig) -> None:
+    checks = {"eval.depth_factor": e.depth_factor >= 1, "eval.lemma_loops": e.lemma_loops >= 2,
+              "eval.throughput_batches": e.throughput_batches >= 1, "eval.throughput_warmup": e.throughput_warmup >= 0,
+              "eval.max_tokens": e.max_tokens >= 0, "eval.halting_epsilon": e.halting_epsilon >= 0}
+    for key in ("norm_tokens", "radial_tokens", "lemma_tokens", "clamp_tokens", "halting_tokens"):
+        checks[f"eval.{key}"] = getattr(e, key) > 0
+    for key, ok in checks.items():
+        if not ok:
+            raise ConfigError(f"{key}: invalid value {getattr(e, key.split('.')[1])!r} "
+                              f"(depth_factor >= 1, lemma_loops >= 2, token counts > 0, epsilon >= 0)")
+
+
+def check_data_matches(cfg: RunConfig, meta: dict, model_path, data_dir) -> None:
+    """Refuse a data directory that is not the one the run was trained on (one-line error)."""
+    trained_on = None
+    run_cfg = Path(model_path).parent / "config.json"  # written by train.py beside model.pt
+    if run_cfg.is_file():
+        try:
+            trained_on = json.loads(run_cfg.read_text()).get("data") or None
+        except (json.JSONDecodeError, OSError, AttributeError):
+            trained_on = None
+    here = meta.get("vocab_size")
+    ours = (trained_on or {}).get("vocab_size")
+    if ours is None or here is None:  # no record of the run's data: compare the settings
+        ours = cfg.data.vocab_size
+        here = (meta.get("data_config") or {}).get("vocab_size", here)
+    if here is not None and ours is not None and int(here) != int(ours):
+        raise CheckpointError(f"checkpoint {model_path} was trained on vocabulary {ours} but data dir {data_dir} "
+                              f"has {here}: evaluate with the run's own data")
+    if meta.get("vocab_size") is not None and int(meta["vocab_size"]) > cfg.model.vocab_size:
+        raise CheckpointError(f"checkpoint {model_path} has an embedding for {cfg.model.vocab_size} tokens but data dir "
+                              f"{data_dir} uses {meta['vocab_size']}: evaluate with the run's own data")
+    if meta.get("tokenizer") and meta["tokenizer"] != cfg.data.tokenizer:
+        raise CheckpointError(f"checkpoint {model_path} was trained with the {cfg.data.tokenizer} tokenizer but data dir "
+                              f"{data_dir} uses {meta['tokenizer']}: evaluate with the run's own data")
+    for key in ("tokenizer_sha256", "tokenizer_fingerprint"):
+        a, b = (trained_on or {}).get(key), meta.get(key)
+        if a and b and a != b:
+            raise CheckpointError(f"checkpoint {model_path} was trained with another tokenizer than data dir "
+                                  f"{data_dir} ({key} {a[:12]} vs {b[:12]}): evaluate with the run's own data")
+
+
+def open_run(model_path, data_dir, overrides: Optional[list[str]] = None, device: Optional[str] = None,
+             progress: bool = True) -> EvalRun:
+    """Load a model file and the validation split of its data dir for evaluation.
+
+    Raises CheckpointError (missing/corrupt model file, data of another run), DataError
+    (missing data, a validation split shorter than one window) or ConfigError (bad override)."""
+    model_path, data_dir = Path(model_path), Path(data_dir)
+    if not model_path.is_file():  # before touching the device
+        raise CheckpointError(f"checkpoint {model_path} not found; train the run first (loopscale train)")
+    model, cfg, ckpt = load_model(model_path, device="cpu")
+    cfg = eval_config(cfg, overrides)
+    _check_eval(cfg.eval)
+    dev = resolve_device(device or cfg.eval.device)
+    meta = D.load_meta(data_dir)
+    check_data_matches(cfg, meta, model_path, data_dir)
+    status = "diverged" if ckpt.get("status") == "diverged" else "ok"
+    tokens = None
+    if status == "ok":
+        tokens = D.load_split(data_dir, "validation")
+        if len(tokens) < cfg.model.seq_len + 1:
+            raise D.DataError(f"the validation split of {data_dir} has {len(tokens)} tokens, fewer than one "
+                              f"window of seq_len+1 = {cfg.model.seq_len + 1} of checkpoint {model_path}")
+    model = model.to(dev).float().eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return EvalRun(model=model, cfg=cfg, ecfg=cfg.eval, tokens=tokens, device=dev, step=ckpt.get("step"),
+                   status=status, model_path=model_path, data_dir=data_dir, progress=progress)
+
+
+def header(name: str, run: EvalRun, tokens: int = 0) -> dict:
+    """Top-level keys shared by every result file."""
+    m, o = run.cfg.model, run.cfg.objective
+    return {
+        "diagnostic": name,
+        "status": run.status,
+        "model_step": run.step,
+        "condition": {"readout": m.readout, "loss": o.loss, "regularizer": o.regularizer,
+                      "recurrence": m.recurrence, "n_loops": m.n_loops, "d_model": m.d_model,
+                      "n_layers": m.n_layers},
+        "seed": run.cfg.train.seed,
+        "tokens": int(tokens),
+        "device": str(run.device),
+        "threads": torch.get_num_threads(),
+        "model": str(run.model_path),
+        "data": str(run.data_dir),
+        "eval": dataclasses.asdict(run.ecfg),
+    }
+
+
+# ---------------------------------------------------------------------------
+# shared pieces
+# ---------------------------------------------------------------------------
+def windows(run: EvalRun, max_tokens: int) -> np.ndarray:
+    """Start offsets of the non-overlapping validation windows holding `max_tokens` targets (0: all)."""
+    return D.eval_window_starts(len(run.tokens), run.seq_len, max_tokens)
+
+
+def batches(run: EvalRun, starts: np.ndarray, desc: str = "") -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(x, y) batches of `eval.batch_size` windows on the run's device, with a progress bar."""
+    bs = run.ecfg.batch_size
+    for i in tqdm(range(0, len(starts), bs), desc=desc, disable=not run.progress, leave=False,
+                  mininterval=1.0, dynamic_ncols=True):
+        x, y = D.get_batch(run.tokens, starts[i:i + bs], run.seq_len)
+        yield x.to(run.device), y.to(run.device)

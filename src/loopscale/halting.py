@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from . import data as D
-from .diagnostics import EvalRun, batches, windows
+from .evaluate import EvalRun, batches, windows
 from .runtime import ppl, sync
 
 POLICIES = ("max_prob", "margin", "entropy")
