@@ -44,7 +44,6 @@ import logging
 import math
 import os
 import re
-import secrets
 import threading
 import urllib.error
 import urllib.request
@@ -56,6 +55,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from loopscale.config import FIT_ON, SOURCES, TOKENIZERS, DataConfig
+from loopscale.io import atomic_write, atomic_write_bytes
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +63,7 @@ PathLike = Union[str, os.PathLike]
 
 SPLITS = ("train", "validation", "test")
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")  # ids 0, 1, 2, 3
-PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+UNK_ID = SPECIAL_TOKENS.index("<unk>")  # the id of words outside the vocabulary
 WORD_PATTERN = r"\s+|[A-Za-z0-9_]+|[^\w\s]"  # the paper's pre-tokenisation regex
 DOC_SEPARATOR = "\n\n"  # a blank line, between lines of a document and between documents
 TOKEN_DTYPE = np.uint16
@@ -386,31 +386,6 @@ def _encode_pieces(tok: Tokenizer, text: str, progress: Optional[Callable[[int],
 # ---------------------------------------------------------------------------
 # prepare: corpus -> tokenizer.json, *.bin, meta.json
 # ---------------------------------------------------------------------------
-def _atomic_file(out_dir: Path, name: str):
-    """A new temporary file in `out_dir` (mode 0666 minus umask); `_commit` moves it onto `name`."""
-    tmp = out_dir / f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
-    return os.fdopen(fd, "wb"), tmp
-
-
-def _commit(handle, tmp: Path, final: Path) -> None:
-    handle.flush()
-    os.fsync(handle.fileno())
-    handle.close()
-    os.replace(tmp, final)
-
-
-def _write_atomic(out_dir: Path, name: str, data: bytes) -> None:
-    handle, tmp = _atomic_file(out_dir, name)
-    try:
-        handle.write(data)
-        _commit(handle, tmp, out_dir / name)
-    except BaseException:
-        handle.close()
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def _loopscale_version() -> str:
     try:
         from importlib.metadata import version
@@ -457,7 +432,7 @@ def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True)
     # never leaves a new tokenizer beside old token files looking valid.
     out.mkdir(parents=True, exist_ok=True)
     (out / "meta.json").unlink(missing_ok=True)
-    _write_atomic(out, "tokenizer.json", tok_json)
+    atomic_write_bytes(out / "tokenizer.json", tok_json)
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
 
     split_hash = {s: hashlib.sha256(texts[s].encode("utf-8")).hexdigest() for s in SPLITS}
@@ -484,7 +459,7 @@ def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True)
         "data_config": dataclasses.asdict(cfg),
         "loopscale_version": _loopscale_version(),
     }
-    _write_atomic(out, "meta.json", (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode("utf-8"))
+    atomic_write_bytes(out / "meta.json", (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode("utf-8"))
     log.info("prepared %s in %s: vocab %d, tokens %s", cfg.source, out, vocab_size,
              ", ".join(f"{s} {counts[s]:,}" for s in SPLITS))
     return meta
@@ -495,19 +470,16 @@ def _write_split(tok: Tokenizer, text: str, out: Path, split: str, show_progress
     from tqdm.auto import tqdm
 
     log.info("encoding %s: %s characters", split, f"{len(text):,}")
-    handle, tmp = _atomic_file(out, f"{split}.bin")
     n_tokens = 0
-    try:
+
+    def write(f) -> None:
+        nonlocal n_tokens
         with tqdm(total=len(text), unit="char", unit_scale=True, desc=f"encode {split}",
                   disable=not show_progress or not text, leave=False) as bar:
             for ids in _encode_pieces(tok, text, bar.update):
-                handle.write(ids.astype("<u2", copy=False).tobytes())
+                f.write(ids.astype("<u2", copy=False).tobytes())
                 n_tokens += int(ids.size)
-        _commit(handle, tmp, out / f"{split}.bin")
-    except BaseException:
-        handle.close()
-        tmp.unlink(missing_ok=True)
-        raise
+    atomic_write(out / f"{split}.bin", write)
     return n_tokens
 
 

@@ -155,11 +155,10 @@ def check_data_matches(cfg: RunConfig, meta: dict, model_path, data_dir) -> None
     if meta.get("tokenizer") and meta["tokenizer"] != cfg.data.tokenizer:
         raise CheckpointError(f"checkpoint {model_path} was trained with the {cfg.data.tokenizer} tokenizer but data dir "
                               f"{data_dir} uses {meta['tokenizer']}: evaluate with the run's own data")
-    for key in ("tokenizer_sha256", "tokenizer_fingerprint"):
-        a, b = (trained_on or {}).get(key), meta.get(key)
-        if a and b and a != b:
-            raise CheckpointError(f"checkpoint {model_path} was trained with another tokenizer than data dir "
-                                  f"{data_dir} ({key} {a[:12]} vs {b[:12]}): evaluate with the run's own data")
+    a, b = (trained_on or {}).get("tokenizer_sha256"), meta.get("tokenizer_sha256")
+    if a and b and a != b:
+        raise CheckpointError(f"checkpoint {model_path} was trained with another tokenizer than data dir "
+                              f"{data_dir} (tokenizer_sha256 {a[:12]} vs {b[:12]}): evaluate with the run's own data")
 
 
 def open_run(model_path, data_dir, overrides: Optional[list[str]] = None, device: Optional[str] = None,
