@@ -386,7 +386,7 @@ def test_smoke_dag(dry_workspace):
     c = counts(dry_run(dry_workspace))
     n = len(list((dry_workspace / "runs" / "smoke").glob("*/*/seed*")))
     assert n >= 1
-    assert c == {"prepare_data": 1, "train": n, "evaluate": n, "aggregate": 1, "figures": 1, "report": 1, "all": 1}
+    assert c == {"prepare_data": 1, "train": n, "eval": n, "aggregate": 1, "figures": 1, "report": 1, "all": 1}
 
 
 def test_rule_inputs_are_derived(dry_workspace):
@@ -399,7 +399,7 @@ def test_rule_inputs_are_derived(dry_workspace):
         assert set(P.stage_code("train", "src")) <= set(inputs)
         assert {"src/loopscale/model.py", "src/loopscale/objective.py", "src/loopscale/io.py"} <= set(inputs)
         assert set(data) <= set(inputs)
-    for inputs in job_inputs(dry_workspace, "evaluate"):
+    for inputs in job_inputs(dry_workspace, "eval"):
         assert "src/loopscale/halting.py" in inputs and inputs[1].endswith("/model.pt")
 
 
@@ -454,7 +454,7 @@ def test_paper_grid_dry_run_is_fast(dry_workspace, record_property):
     print(f"\npaper grid dry run: {wall:.1f} s")
     c = counts([(m, "") for m in re.findall(r"^(?:local)?rule (\w+):", out, re.M)])
     # one training and one evaluation job per run (all seven diagnostics, the model loaded once)
-    assert c == {"prepare_data": 1, "train": 54, "evaluate": 54, "aggregate": 1, "figures": 1, "report": 1, "all": 1}
+    assert c == {"prepare_data": 1, "train": 54, "eval": 54, "aggregate": 1, "figures": 1, "report": 1, "all": 1}
     assert wall < 60, f"dry run of the paper grid took {wall:.1f} s"
 
 
@@ -500,8 +500,8 @@ def test_a_deleted_checkpoint_retrains(smoke_local, tmp_path):
     run_dir = smoke_runs(repo)[0]
     (run_dir / "model.pt").unlink()
     jobs = dry_run(repo)
-    assert counts(jobs) == {"train": 1, "evaluate": 1, "aggregate": 1, "figures": 1, "report": 1, "all": 1}
-    assert all(str(run_dir.relative_to(repo)) in o for r, o in jobs if r in ("train", "evaluate"))
+    assert counts(jobs) == {"train": 1, "eval": 1, "aggregate": 1, "figures": 1, "report": 1, "all": 1}
+    assert all(str(run_dir.relative_to(repo)) in o for r, o in jobs if r in ("train", "eval"))
     out = smk(repo, "--delete-all-output", "--dry-run", *SMOKE).stdout
     other = smoke_runs(repo)[1].relative_to(repo)
     assert f"{other}/model.pt" in out and f"{other}/summary.json" in out
@@ -528,7 +528,7 @@ def test_touching_diagnostics_reruns_evaluations_not_training(smoke_local, tmp_p
     (repo / "src" / "loopscale" / "diagnostics.py").touch()
     c = counts(dry_run(repo))
     n = len(smoke_runs(repo))
-    assert c == {"evaluate": n, "aggregate": 1, "figures": 1, "report": 1, "all": 1}
+    assert c == {"eval": n, "aggregate": 1, "figures": 1, "report": 1, "all": 1}
 
 
 @pytest.mark.slow
@@ -536,7 +536,7 @@ def test_eval_setting_reruns_evaluations_not_training(smoke_local, tmp_path):
     repo = fresh_copy(smoke_local[0], tmp_path / "repo")
     edit_params(repo, lambda p: p["experiments"]["smoke"].__setitem__("eval", {"max_tokens": 2048}))
     c = counts(dry_run(repo))
-    assert "train" not in c and "prepare_data" not in c and c["evaluate"] == len(smoke_runs(repo))
+    assert "train" not in c and "prepare_data" not in c and c["eval"] == len(smoke_runs(repo))
 
 
 @pytest.mark.slow
@@ -546,7 +546,7 @@ def test_adding_a_seed_trains_only_the_new_runs(smoke_local, tmp_path):
     jobs = dry_run(repo)
     trains = [o for r, o in jobs if r == "train"]
     assert len(trains) == 2 and all("/seed7/" in o for o in trains)
-    assert all("/seed7/" in o for r, o in jobs if r == "evaluate")
+    assert all("/seed7/" in o for r, o in jobs if r == "eval")
     assert "prepare_data" not in counts(jobs)
 
 
@@ -565,8 +565,8 @@ def test_changed_condition_reruns_only_it_and_a_divergence_is_recorded(smoke_loc
     edit_params(repo, edit)
     jobs = dry_run(repo)
     c = counts(jobs)
-    assert c == {"train": 1, "evaluate": 1, "aggregate": 1, "figures": 1, "report": 1, "all": 1}
-    assert all(target in o for r, o in jobs if r in ("train", "evaluate"))
+    assert c == {"train": 1, "eval": 1, "aggregate": 1, "figures": 1, "report": 1, "all": 1}
+    assert all(target in o for r, o in jobs if r in ("train", "eval"))
 
     other = repo / "runs" / "smoke" / "smoke" / "rmsnorm-per_loop-none-residual" / "seed42"
     untouched = tree_digest(other, dirs=(".",))
@@ -638,4 +638,4 @@ def test_dvc_repro_push_pull(smoke_local, tmp_path, record_property):
     rules = counts(dry_run(b))
     # results/smoke is neither in git nor in the DVC cache (cache: false): only the
     # aggregates are rebuilt, nothing is retrained or re-evaluated
-    assert not {"prepare_data", "train", "evaluate"} & set(rules), rules
+    assert not {"prepare_data", "train", "eval"} & set(rules), rules

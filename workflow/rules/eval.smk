@@ -8,7 +8,7 @@
 # --threads follows the job's threads (no oversubscription, the same numbers on any host).
 
 
-rule evaluate:
+rule eval:
     """The experiment's diagnostics (depth, throughput, norms, radial, lemma, clamp, halting) of one run."""
     input:
         summary="runs/{exp}/{size}/{cond}/seed{seed}/summary.json",
@@ -28,7 +28,6 @@ rule evaluate:
     threads: job_threads
     resources:
         gpu=EXP.gpu,
-    retries: 1
     conda:
         "../envs/loopscale.yaml"
     shell:

@@ -13,8 +13,9 @@
 # resuming needs it; one left by other training settings is dropped (--drop-stale-state).
 #
 # Time limits and preemption: a SIGTERM (SLURM sends one before the time limit) saves
-# state.pt and exits 143, a failed job; Snakemake retries it (`retries`) and the retry
-# resumes from state.pt. A crash is a result (status failed), not retried.
+# state.pt and exits 143, a failed job; Snakemake retries it (`--retries`, set by the
+# SLURM profiles) and the retry resumes from state.pt. A crash is a result (status
+# failed), not retried.
 
 
 rule train:
@@ -35,7 +36,6 @@ rule train:
     threads: job_threads
     resources:
         gpu=EXP.gpu,
-    retries: 2
     conda:
         "../envs/loopscale.yaml"
     shell:
