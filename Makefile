@@ -1,10 +1,11 @@
 # loopscale: two commands do everything.
-#   make reproduce   set up .venv and run the cpu preset of the pipeline (results/ rebuilt)
+#   make reproduce   set up .venv and run the cpu experiment of the pipeline (results/ rebuilt;
+#                    EXPERIMENT=NAME for another)
 #   make test        set up .venv and run the test suite (what CI runs)
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-PRESET ?= cpu
+EXPERIMENT ?= cpu
 CORES  ?= all
 # pipeline jobs call `loopscale`, `snakemake` and `dvc`: the venv's bin comes first
 export PATH := $(CURDIR)/$(BIN):$(PATH)
@@ -20,7 +21,7 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 	touch $@
 
 reproduce: setup
-	$(BIN)/snakemake --cores $(CORES) --config preset=$(PRESET)
+	$(BIN)/snakemake --cores $(CORES) --config experiment=$(EXPERIMENT)
 
 test: setup
 	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest

@@ -1,5 +1,5 @@
 # loopscale pipeline: params.yaml -> prepared data -> one training job per run ->
-# depth evaluation + diagnostics per run -> tables -> figures -> report.
+# one evaluation job per run (all its diagnostics) -> tables -> figures -> report.
 #
 #   snakemake --cores all                            # the default experiment (params.yaml: experiment)
 #   snakemake --cores all --config experiment=smoke  # another experiment
@@ -23,7 +23,6 @@ wildcard_constraints:
     size=alternatives(r.size for r in EXP.runs),
     cond=P.WILDCARDS["cond"],
     seed=P.WILDCARDS["seed"],
-    diag=alternatives(d for d in P.DIAGNOSTICS if d != "depth"),
 
 
 include: "workflow/rules/data.smk"
@@ -32,9 +31,18 @@ include: "workflow/rules/eval.smk"
 include: "workflow/rules/report.smk"
 
 
+localrules:
+    all,
+
+
 rule all:
-    """The default target: the selected experiment's tables, figures and report."""
+    """The default target: the selected experiment's tables, figures and report, and every
+    run's results (so that a deleted checkpoint or result is rebuilt: Snakemake rebuilds a
+    missing file only when a job that needs it runs or it is a target)."""
     input:
+        run_files("summary.json"),
+        run_files("model.pt"),
+        eval_files(),
         expand(rules.aggregate.output, exp=EXP.name),
         expand(rules.figures.output, exp=EXP.name),
         expand(rules.report.output, exp=EXP.name),

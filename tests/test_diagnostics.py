@@ -374,6 +374,52 @@ def test_diverged_model_is_reported_not_evaluated(env, capsys, tmp_path, monkeyp
         assert {"model_step", "condition", "seed", "device"} <= set(res)
 
 
+def test_eval_all_only_loads_once_and_writes_the_requested(env, capsys, tmp_path):
+    model = env["runs"]["rmsnorm"]["model"]
+    rc, err = _cli(capsys, "eval", "all", "--model", model, "--data", env["data"], "--outdir", tmp_path / "all",
+                   "--only", "norms,depth", "-q", "--device", "cpu")
+    assert rc == 0, err
+    assert sorted(f.name for f in (tmp_path / "all").iterdir()) == ["depth.json", "norms.json"]
+    rc, err = _cli(capsys, "eval", "depth", "--model", model, "--data", env["data"], "--out", tmp_path / "d.json",
+                   "-q", "--device", "cpu")
+    assert rc == 0, err
+    one, together = (json.loads(f.read_text()) for f in (tmp_path / "d.json", tmp_path / "all" / "depth.json"))
+    assert one["status"] == together["status"] == "ok"
+    assert one["exits"] == together["exits"] and one["depth"] == together["depth"]
+    rc, err = _cli(capsys, "eval", "all", "--model", model, "--data", env["data"], "--outdir", tmp_path / "bad",
+                   "--only", "norms,nroms", "-q")
+    assert rc == 2 and err.count("\n") == 1 and "unknown diagnostic 'nroms'" in err
+    assert not (tmp_path / "bad").exists()
+
+
+def test_failed_training_gets_failed_results(env, capsys, tmp_path, monkeypatch):
+    """A crash recorded by `loopscale train --record-failure` leaves summary.json and a
+    model.pt without weights (status failed): `loopscale eval` writes status "failed"
+    results without evaluating; loading the model names the failure."""
+    from loopscale.io import CheckpointError, load_checkpoint
+    from loopscale.train import record_failure
+    run = tmp_path / "run"
+    record_failure(_smoke(), run, RuntimeError("CUDA out of memory"))
+    assert json.loads((run / "summary.json").read_text())["status"] == "failed"
+    with pytest.raises(CheckpointError, match="holds no weights: training of this run failed"):
+        load_checkpoint(run / "model.pt")
+    monkeypatch.setattr(G, "RUNNERS", {k: None for k in G.RUNNERS})  # nothing may be evaluated
+    rc, err = _cli(capsys, "eval", "all", "--model", run / "model.pt", "--data", env["data"], "--outdir", run / "eval",
+                   "--only", "depth,radial", "-q")
+    assert rc == 0, err
+    assert sorted(f.name for f in (run / "eval").iterdir()) == ["depth.json", "radial.json"]
+    for name in ("depth", "radial"):
+        res = json.loads((run / "eval" / f"{name}.json").read_text())
+        assert res == {"diagnostic": name, "status": "failed", "tokens": 0,
+                       "note": "training failed; nothing was evaluated", "error": "RuntimeError: CUDA out of memory"}
+    # a completed summary beside a missing model is an error, not a result
+    (run / "summary.json").write_text(json.dumps({"status": "completed"}))
+    (run / "model.pt").unlink()
+    rc, err = _cli(capsys, "eval", "norms", "--model", run / "model.pt", "--data", env["data"],
+                   "--out", run / "n.json", "-q")
+    assert rc == 2 and "not found" in err and not (run / "n.json").exists()
+
+
 def test_overrides_are_eval_only(env, capsys, tmp_path):
     rc, err = _cli(capsys, "eval", "norms", "--model", env["runs"]["rmsnorm"]["model"], "--data", env["data"],
                    "--out", tmp_path / "n.json", "--set", "model.d_model=64", "-q")

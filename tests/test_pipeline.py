@@ -303,15 +303,67 @@ def test_eval_settings_do_not_touch_train_config(params, tmp_path):
     assert written and all(w.endswith("/config.yaml") and not w.startswith("data/") for w in written)
 
 
-def test_unevaluated_script(tmp_path):
-    script = REPO / "workflow" / "scripts" / "unevaluated.py"
-    summary, out = tmp_path / "summary.json", tmp_path / "eval" / "norms.json"
-    summary.write_text(json.dumps({"status": "failed", "error": "RuntimeError: x"}, indent=2))
-    subprocess.run([sys.executable, str(script), "norms", str(summary), str(out)], check=True, capture_output=True)
-    assert json.loads(out.read_text())["status"] == "failed"
-    summary.write_text(json.dumps({"status": "completed"}, indent=2))
-    proc = subprocess.run([sys.executable, str(script), "norms", str(summary), str(out)], capture_output=True)
-    assert proc.returncode == 1 and b"model.pt is missing" in proc.stderr
+def test_names_are_matched_in_full(params, tmp_path):
+    """A size name ending in a newline would split a shell command: refused by the schema
+    and by the pipeline's own check, whatever the regex engine does with `$`."""
+    p = copy.deepcopy(params)
+    p["experiments"]["smoke"]["sizes"]["smoke\n"] = p["experiments"]["smoke"]["sizes"].pop("smoke")
+    with pytest.raises(P.ParamsError, match=r"experiments\.smoke\.sizes: 'smoke\\n' does not match"):
+        P.check_schema(p, yaml.safe_load(SCHEMA.read_text()))
+    with pytest.raises(P.ParamsError, match=r"experiments\.smoke\.sizes: name 'smoke\\n' must match"):
+        P._check_names(p, "params.yaml")
+
+
+def test_drop_stale_state(tmp_path):
+    """`loopscale train --drop-stale-state` (the training job) deletes a state.pt of other
+    training settings and keeps one it can resume."""
+    from loopscale.io import atomic_torch_save
+    cfg = C.preset("smoke")
+    state = tmp_path / "state.pt"
+    atomic_torch_save(state, {"model": {}, "config": cfg.to_dict(), "step": 3})
+    assert not P.drop_stale_state(tmp_path, C.preset("smoke", {"eval": {"max_tokens": 4096}})) and state.exists()
+    assert P.drop_stale_state(tmp_path, C.preset("smoke", {"train": {"lr": 1e-4}})) and not state.exists()
+    assert not P.drop_stale_state(tmp_path, cfg)
+
+
+def test_no_preset_alias(params, tmp_path):
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params, sort_keys=False))
+    with pytest.raises(P.ParamsError, match="unknown key 'preset'"):
+        P.load_and_validate(path, SCHEMA, overrides={"preset": "smoke"})
+
+
+def _loaded_modules(module: str) -> set[str]:
+    """Source files of the loopscale modules that importing `module` really loads."""
+    code = (f"import sys, {module}; print('\\n'.join(sorted(m.__file__ for n, m in sys.modules.items() "
+            f"if n.split('.')[0] == 'loopscale')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+                         check=True, capture_output=True, text=True).stdout
+    return {str(Path(f).resolve().relative_to(REPO)) for f in out.split()}
+
+
+@pytest.mark.parametrize("stage", sorted(P.STAGE_MODULES))
+def test_stage_code_holds_every_imported_module(stage):
+    derived = set(P.stage_code(stage, REPO / "src"))
+    derived = {str(Path(f).relative_to(REPO)) for f in derived}
+    assert _loaded_modules(P.STAGE_MODULES[stage]) <= derived
+    if stage == "eval":  # imported inside a function only: still a dependency
+        assert "src/loopscale/halting.py" in derived
+
+
+def test_stage_code_refuses_a_missing_module(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from . import b\n\ndef f():\n    from .c import g\n")
+    (pkg / "b.py").write_text("import os\nfrom pkg.sub import x\n")
+    (pkg / "sub").mkdir()
+    (pkg / "sub" / "__init__.py").write_text("x = 1\n")
+    with pytest.raises(ImportError, match="pkg.a imports pkg.c, which has no source file"):
+        P.module_files("pkg.a", tmp_path)
+    (pkg / "c.py").write_text("g = 1\n")
+    assert [Path(f).relative_to(tmp_path).as_posix() for f in P.module_files("pkg.a", tmp_path)] == \
+        ["pkg/__init__.py", "pkg/a.py", "pkg/b.py", "pkg/c.py", "pkg/sub/__init__.py"]
 
 
 # ---------------------------------------------------------------------------
@@ -322,18 +374,59 @@ def test_lint_clean(dry_workspace):
     assert "Congratulations" in proc.stdout + proc.stderr
 
 
-def smoke_diagnostics(repo: Path) -> int:
-    """Number of `diagnostic` jobs per run of the smoke experiment (depth has its own rule)."""
-    _, exps = P.load_and_validate(repo / "params.yaml", SCHEMA)
-    return len([d for d in exps["smoke"].diagnostics if d != "depth"])
+def job_inputs(repo: Path, rule: str, *args: str) -> list[list[str]]:
+    """The input files of every `rule` job that `snakemake -n` lists."""
+    out = smk(repo, "-n", *SMOKE, *args).stdout
+    blocks = re.split(r"\n(?=(?:local)?rule \w+:)", out)
+    return [re.search(r"^\s+input: (.*)$", b, re.M).group(1).split(", ") for b in blocks
+            if re.match(rf"(?:local)?rule {rule}:", b)]
 
 
 def test_smoke_dag(dry_workspace):
     c = counts(dry_run(dry_workspace))
     n = len(list((dry_workspace / "runs" / "smoke").glob("*/*/seed*")))
     assert n >= 1
-    assert c == {"prepare_data": 1, "train": n, "depth_eval": n, "diagnostic": smoke_diagnostics(dry_workspace) * n,
-                 "aggregate": 1, "figures": 1, "report": 1, "all": 1}
+    assert c == {"prepare_data": 1, "train": n, "eval": n, "aggregate": 1, "figures": 1, "report": 1, "all": 1}
+
+
+def test_rule_inputs_are_derived(dry_workspace):
+    """The train jobs depend on every module training imports (model.py through train.py,
+    io.py through the package) and on the data rule's outputs."""
+    trains = job_inputs(dry_workspace, "train")
+    data = ["data/smoke/tokenizer.json", "data/smoke/train.bin", "data/smoke/validation.bin", "data/smoke/test.bin",
+            "data/smoke/meta.json"]
+    for inputs in trains:
+        assert set(P.stage_code("train", "src")) <= set(inputs)
+        assert {"src/loopscale/model.py", "src/loopscale/objective.py", "src/loopscale/io.py"} <= set(inputs)
+        assert set(data) <= set(inputs)
+    for inputs in job_inputs(dry_workspace, "eval"):
+        assert "src/loopscale/halting.py" in inputs and inputs[1].endswith("/model.pt")
+
+
+def test_a_held_experiment_lock_leaves_every_file_alone(dry_workspace):
+    """While another snakemake runs the experiment (it holds the lock), a second one with
+    changed settings stops with one line before writing any run config."""
+    good = (dry_workspace / "params.yaml").read_text()
+    lock = P.lock_experiment("smoke", dry_workspace)
+    try:
+        before = tree_digest(dry_workspace)
+        (dry_workspace / "params.yaml").write_text(good.replace("train: {max_steps: 20, threads: 1}",
+                                                                "train: {max_steps: 21, threads: 1}"))
+        proc = smk(dry_workspace, "-n", *SMOKE, check=False)
+        assert proc.returncode != 0
+        assert proc.stderr.strip().splitlines() == [
+            f"loopscale pipeline: error: another snakemake (pid {os.getpid()}) is running experiment smoke in this "
+            f"directory; wait for it to finish (nothing was written)"]
+        assert tree_digest(dry_workspace) == before
+    finally:
+        lock.close()
+    try:  # released: the next invocation writes the new configs
+        smk(dry_workspace, "-n", "-q", *SMOKE)
+        cfg = yaml.safe_load(next((dry_workspace / "runs" / "smoke").glob("*/*/seed*/train-config.yaml")).read_text())
+        assert cfg["train"]["max_steps"] == 21
+    finally:
+        (dry_workspace / "params.yaml").write_text(good)
+        smk(dry_workspace, "-n", "-q", *SMOKE)
 
 
 def test_bad_params_stop_snakemake_with_one_line(dry_workspace):
@@ -359,8 +452,9 @@ def test_paper_grid_dry_run_is_fast(dry_workspace, record_property):
     wall = time.monotonic() - t0
     record_property("paper_dry_run_s", round(wall, 2))
     print(f"\npaper grid dry run: {wall:.1f} s")
-    c = counts([(m, "") for m in re.findall(r"^rule (\w+):", out, re.M)])
-    assert c["train"] == 54 and c["depth_eval"] == 54 and c["diagnostic"] == 54 * 6
+    c = counts([(m, "") for m in re.findall(r"^(?:local)?rule (\w+):", out, re.M)])
+    # one training and one evaluation job per run (all seven diagnostics, the model loaded once)
+    assert c == {"prepare_data": 1, "train": 54, "eval": 54, "aggregate": 1, "figures": 1, "report": 1, "all": 1}
     assert wall < 60, f"dry run of the paper grid took {wall:.1f} s"
 
 
@@ -399,13 +493,42 @@ def test_nothing_to_do_in_a_fresh_copy(smoke_local, tmp_path):
 
 
 @pytest.mark.slow
+def test_a_deleted_checkpoint_retrains(smoke_local, tmp_path):
+    """model.pt is a declared output: deleting it retrains that run (and only it), and
+    --delete-all-output removes checkpoints."""
+    repo = fresh_copy(smoke_local[0], tmp_path / "repo")
+    run_dir = smoke_runs(repo)[0]
+    (run_dir / "model.pt").unlink()
+    jobs = dry_run(repo)
+    assert counts(jobs) == {"train": 1, "eval": 1, "aggregate": 1, "figures": 1, "report": 1, "all": 1}
+    assert all(str(run_dir.relative_to(repo)) in o for r, o in jobs if r in ("train", "eval"))
+    out = smk(repo, "--delete-all-output", "--dry-run", *SMOKE).stdout
+    other = smoke_runs(repo)[1].relative_to(repo)
+    assert f"{other}/model.pt" in out and f"{other}/summary.json" in out
+    assert not list((repo / "runs").rglob("state.pt")) and (repo / other / "model.pt").is_file()
+
+
+@pytest.mark.slow
+def test_nothing_reruns_through_another_path_to_the_venv(smoke_local, tmp_path):
+    """No rule's params hold an interpreter or script path: the finished grid, reached
+    through another path to the same venv (here a symlink), has nothing to do, also with
+    Snakemake's metadata (params, code) kept."""
+    repo = tmp_path / "repo"
+    shutil.copytree(smoke_local[0], repo, symlinks=True)
+    link = tmp_path / "venv link"  # and a space in the path
+    link.symlink_to(VENV_BIN.parent, target_is_directory=True)
+    env = pipeline_env(repo, {"PATH": os.pathsep.join([str(link / "bin"), os.environ.get("PATH", "")])})
+    proc = run([str(link / "bin" / "python"), "-m", "snakemake", "-n", *SMOKE], repo, env=env)
+    assert "Nothing to be done" in proc.stdout + proc.stderr, proc.stdout[-3000:]
+
+
+@pytest.mark.slow
 def test_touching_diagnostics_reruns_evaluations_not_training(smoke_local, tmp_path):
     repo = fresh_copy(smoke_local[0], tmp_path / "repo")
     (repo / "src" / "loopscale" / "diagnostics.py").touch()
     c = counts(dry_run(repo))
     n = len(smoke_runs(repo))
-    assert c == {"depth_eval": n, "diagnostic": smoke_diagnostics(repo) * n, "aggregate": 1, "figures": 1,
-                 "report": 1, "all": 1}
+    assert c == {"eval": n, "aggregate": 1, "figures": 1, "report": 1, "all": 1}
 
 
 @pytest.mark.slow
@@ -413,7 +536,7 @@ def test_eval_setting_reruns_evaluations_not_training(smoke_local, tmp_path):
     repo = fresh_copy(smoke_local[0], tmp_path / "repo")
     edit_params(repo, lambda p: p["experiments"]["smoke"].__setitem__("eval", {"max_tokens": 2048}))
     c = counts(dry_run(repo))
-    assert "train" not in c and "prepare_data" not in c and c["depth_eval"] == len(smoke_runs(repo))
+    assert "train" not in c and "prepare_data" not in c and c["eval"] == len(smoke_runs(repo))
 
 
 @pytest.mark.slow
@@ -423,7 +546,7 @@ def test_adding_a_seed_trains_only_the_new_runs(smoke_local, tmp_path):
     jobs = dry_run(repo)
     trains = [o for r, o in jobs if r == "train"]
     assert len(trains) == 2 and all("/seed7/" in o for o in trains)
-    assert all("/seed7/" in o for r, o in jobs if r in ("depth_eval", "diagnostic"))
+    assert all("/seed7/" in o for r, o in jobs if r == "eval")
     assert "prepare_data" not in counts(jobs)
 
 
@@ -442,9 +565,8 @@ def test_changed_condition_reruns_only_it_and_a_divergence_is_recorded(smoke_loc
     edit_params(repo, edit)
     jobs = dry_run(repo)
     c = counts(jobs)
-    assert c == {"train": 1, "depth_eval": 1, "diagnostic": smoke_diagnostics(repo), "aggregate": 1, "figures": 1,
-                 "report": 1, "all": 1}
-    assert all(target in o for r, o in jobs if r in ("train", "depth_eval", "diagnostic"))
+    assert c == {"train": 1, "eval": 1, "aggregate": 1, "figures": 1, "report": 1, "all": 1}
+    assert all(target in o for r, o in jobs if r in ("train", "eval"))
 
     other = repo / "runs" / "smoke" / "smoke" / "rmsnorm-per_loop-none-residual" / "seed42"
     untouched = tree_digest(other, dirs=(".",))
@@ -516,4 +638,4 @@ def test_dvc_repro_push_pull(smoke_local, tmp_path, record_property):
     rules = counts(dry_run(b))
     # results/smoke is neither in git nor in the DVC cache (cache: false): only the
     # aggregates are rebuilt, nothing is retrained or re-evaluated
-    assert not {"prepare_data", "train", "depth_eval", "diagnostic"} & set(rules), rules
+    assert not {"prepare_data", "train", "eval"} & set(rules), rules

@@ -85,6 +85,9 @@ def cmd_train(args) -> int:
     from .io import CheckpointError
     from .train import Preempted, record_failure, train
     cfg = config_from_args(args)
+    if args.drop_stale_state:
+        from .pipeline import drop_stale_state
+        drop_stale_state(args.out, cfg)
     try:
         summary = train(cfg, args.data, args.out, resume=not args.no_resume, progress=not args.quiet)
     except (ConfigError, DataError, CheckpointError, Preempted, KeyboardInterrupt):
@@ -129,6 +132,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
     p.add_argument("--record-failure", action="store_true",
                    help="on a crash, write summary.json with status 'failed' and exit 0 (pipeline use)")
+    p.add_argument("--drop-stale-state", action="store_true",
+                   help="delete a state.pt written with other training settings instead of refusing it (pipeline use)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("params", help="print the parameter count")

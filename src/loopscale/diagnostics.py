@@ -14,7 +14,10 @@ file (atomically). Sizes come from the run's stored `eval` config, overridable p
   halting     calibrated post-hoc exit policies and the real dynamic-depth speed-up (halting.py)
 
 Command line: `loopscale eval <diagnostic> --model RUN/model.pt --data DATA --out FILE.json`
-(and `loopscale eval all ... --outdir DIR`). Definitions: docs/diagnostics.md.
+(and `loopscale eval all ... --outdir DIR [--only D1,D2]`, the model loaded once: the
+pipeline's one evaluation job per run). A run whose RUN/summary.json says training failed
+gets status "failed" results, a diverged model "diverged" ones, without evaluating.
+Definitions: docs/diagnostics.md.
 """
 from __future__ import annotations
 
@@ -341,26 +344,51 @@ def evaluate_diagnostic(name: str, run: EvalRun) -> dict:
     return {**header(name, run, tokens), "wall_time_s": time.time() - t0, **payload}
 
 
+def failed_training(model_path) -> Optional[dict]:
+    """The run's summary.json (beside `model_path`) when it says training failed, else None.
+
+    A failed run (`loopscale train --record-failure`) has no weights to evaluate: its
+    diagnostics are written as status "failed" without opening the model file."""
+    try:
+        summary = json.loads((Path(model_path).parent / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) and summary.get("status") == "failed" else None
+
+
+def failed_result(name: str, summary: dict) -> dict:
+    """The result file of diagnostic `name` for a run whose training failed."""
+    return {"diagnostic": name, "status": "failed", "tokens": 0, "note": "training failed; nothing was evaluated",
+            "error": summary.get("error")}
+
+
+def _check_names(names) -> None:
+    unknown = [n for n in names if n not in RUNNERS]
+    if unknown or not names:
+        raise ConfigError(f"unknown diagnostic {(unknown or [''])[0]!r}; choose one of {', '.join(DIAGNOSTICS)}")
+
+
 def run_diagnostic(name: str, model_path, data_dir, out=None, overrides: Optional[list[str]] = None,
                    device: Optional[str] = None, progress: bool = True) -> dict:
     """Open a run, evaluate one diagnostic, write `out` (atomic JSON) if given; return the result."""
-    if name not in RUNNERS:
-        raise ConfigError(f"unknown diagnostic {name!r}; choose one of {', '.join(DIAGNOSTICS)}")
-    run = open_run(model_path, data_dir, overrides, device, progress)
-    result = evaluate_diagnostic(name, run)
-    if out is not None:
-        atomic_write_json(out, result)
-    return result
+    return run_all(model_path, data_dir, None, overrides, device, progress, (name,), {name: out})[name]
 
 
 def run_all(model_path, data_dir, outdir, overrides: Optional[list[str]] = None, device: Optional[str] = None,
-            progress: bool = True, names=DIAGNOSTICS) -> dict[str, dict]:
-    """Every diagnostic on one run (the model is loaded once); writes `outdir/<diagnostic>.json`."""
-    run = open_run(model_path, data_dir, overrides, device, progress)
+            progress: bool = True, names=DIAGNOSTICS, outs: Optional[dict] = None) -> dict[str, dict]:
+    """The diagnostics `names` on one run, the model loaded once; writes `outdir/<diagnostic>.json`
+    (or `outs[name]` when given; neither: nothing written). A run whose training failed gets
+    status "failed" results, a diverged one "diverged", without evaluating."""
+    _check_names(names)
+    if outs is None:
+        outs = {n: Path(outdir) / f"{n}.json" for n in names} if outdir is not None else {}
+    summary = failed_training(model_path)
+    run = None if summary else open_run(model_path, data_dir, overrides, device, progress)
     results = {}
     for name in names:
-        results[name] = evaluate_diagnostic(name, run)
-        atomic_write_json(Path(outdir) / f"{name}.json", results[name])
+        results[name] = failed_result(name, summary) if summary else evaluate_diagnostic(name, run)
+        if outs.get(name) is not None:
+            atomic_write_json(outs[name], results[name])
     return results
 
 
@@ -400,7 +428,9 @@ def cmd_eval(args) -> int:
 
 def cmd_eval_all(args) -> int:
     _threads(args)
-    results = run_all(args.model, args.data, args.outdir, args.overrides, args.device, progress=not args.quiet)
+    names = tuple(n.strip() for n in args.only.split(",")) if args.only else DIAGNOSTICS
+    results = run_all(args.model, args.data, args.outdir, args.overrides, args.device, progress=not args.quiet,
+                      names=names)
     for r in results.values():
         print(_summary_line(r))
     return 0
@@ -427,7 +457,8 @@ def add_cli(subparsers) -> None:
         _common(q)
         q.add_argument("--out", required=True, help="result JSON file to write")
         q.set_defaults(func=cmd_eval)
-    q = sub.add_parser("all", help="every diagnostic, one JSON per diagnostic in --outdir")
+    q = sub.add_parser("all", help="every diagnostic (or those of --only), one JSON per diagnostic in --outdir")
     _common(q)
     q.add_argument("--outdir", required=True, help="directory for <diagnostic>.json files")
+    q.add_argument("--only", metavar="D1,D2,...", help=f"these diagnostics only (default: all of {','.join(DIAGNOSTICS)})")
     q.set_defaults(func=cmd_eval_all)

@@ -91,6 +91,9 @@ def load_checkpoint(path, map_location="cpu") -> dict:
                                   f"and was refused for safety ({first})") from None
         raise CheckpointError(f"checkpoint {path} is truncated or corrupted ({type(e).__name__}: {first}); "
                               f"delete it and rerun to retrain") from None
+    if isinstance(ckpt, dict) and ckpt.get("status") == "failed" and "model" not in ckpt:
+        raise CheckpointError(f"checkpoint {path} holds no weights: training of this run failed "
+                              f"({ckpt.get('error')}); delete it and rerun to retrain")
     if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:
         raise CheckpointError(f"checkpoint {path} is not a loopscale checkpoint (missing model/config)")
     return ckpt

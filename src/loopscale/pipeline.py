@@ -28,9 +28,11 @@ The module imports only `loopscale.config` (no torch) so the DAG builds fast; th
 from __future__ import annotations
 
 import argparse
+import ast
 import itertools
 import json
 import os
+import re
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,7 +48,7 @@ AXES = ("readout", "loss", "regularizer", "recurrence")
 AXIS_VALUES = {"readout": READOUTS, "loss": LOSSES, "regularizer": REGULARIZERS, "recurrence": RECURRENCES}
 AXIS_DEFAULTS = {"regularizer": "none", "recurrence": "residual"}
 DIAGNOSTICS = ("depth", "throughput", "norms", "radial", "lemma", "clamp", "halting")
-NAME_RE = r"[A-Za-z0-9][A-Za-z0-9_.]*"  # experiment and size names (path components)
+NAME_RE = r"[A-Za-z0-9][A-Za-z0-9_.]*"  # experiment, size and condition-set names (path components), full match
 
 # wildcard constraints for the rules: tight, so odd values never reach a shell
 WILDCARDS = {
@@ -70,6 +72,10 @@ def _dump(d: dict) -> str:
 
 class ParamsError(ValueError):
     """A bad params.yaml. The message is one line and names the offending key."""
+
+
+class LockedError(RuntimeError):
+    """Another pipeline process holds the experiment's lock."""
 
 
 # ---------------------------------------------------------------------------
@@ -327,6 +333,17 @@ def build_experiment(params: dict, name: str) -> Experiment:
     return e
 
 
+def _check_names(params: dict, source: str) -> None:
+    """Names that become path components and shell words match NAME_RE in full (the schema
+    says so too; this does not depend on how a regex engine treats a trailing newline)."""
+    named = [("experiments", params["experiments"]), ("condition_sets", params.get("condition_sets") or {})]
+    named += [(f"experiments.{e}.sizes", x.get("sizes") or {}) for e, x in params["experiments"].items()]
+    for where, names in named:
+        for name in names:
+            if not re.fullmatch(NAME_RE, str(name)):
+                raise ParamsError(f"{source}: {where}: name {name!r} must match {NAME_RE}")
+
+
 def load_and_validate(params_path: str | os.PathLike, schema_path: str | os.PathLike,
                       overrides: Optional[dict] = None) -> tuple[dict, dict[str, Experiment]]:
     """Read params.yaml (+ `overrides`, e.g. Snakemake's --config), validate everything and
@@ -335,9 +352,8 @@ def load_and_validate(params_path: str | os.PathLike, schema_path: str | os.Path
     source = str(params_path)
     for k, v in (overrides or {}).items():
         params[k] = v
-    if "preset" in params:  # `--config preset=NAME` (older spelling of experiment=NAME)
-        params["experiment"] = params.pop("preset")
     check_schema(params, load_schema(schema_path), source)
+    _check_names(params, source)
     if params["experiment"] not in params["experiments"]:
         raise ParamsError(f"{source}: experiment: unknown experiment {params['experiment']!r}; "
                           f"choose one of {', '.join(params['experiments'])}")
@@ -365,6 +381,31 @@ def write_if_changed(path: str | os.PathLike, text: str) -> bool:
         pass
     atomic_write_text(path, text)
     return True
+
+
+def lock_experiment(name: str, root: str | os.PathLike = "."):
+    """Take the experiment's lock `.snakemake/loopscale-<name>.lock` for as long as the
+    returned file object stays open (the process's lifetime: keep a reference). The system
+    releases it when the process ends, however it ends, so a killed run leaves no stale lock.
+
+    Raises LockedError when another live process holds it."""
+    import fcntl
+
+    path = Path(root) / ".snakemake" / f"loopscale-{name}.lock"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    f = open(path, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip() or "?"
+        f.close()
+        raise LockedError(f"another snakemake (pid {holder}) is running experiment {name} in this directory; "
+                          f"wait for it to finish (nothing was written)") from None
+    f.truncate(0)
+    f.write(f"{os.getpid()}\n")
+    f.flush()
+    return f
 
 
 _HEADER = "# Written by the pipeline from params.yaml ({what}); do not edit: edit params.yaml.\n"
@@ -399,21 +440,91 @@ def materialize(exp: Experiment, root: str | os.PathLike = ".") -> list[str]:
 
 
 # ---------------------------------------------------------------------------
+# code each stage depends on
+# ---------------------------------------------------------------------------
+# the module each stage's job calls into (`loopscale <command>` dispatches to it); cli.py
+# and this module, the dispatch and the DAG side, are not stage code
+STAGE_MODULES = {"data": "loopscale.data", "train": "loopscale.train", "eval": "loopscale.diagnostics",
+                 "report": "loopscale.report"}
+
+
+def _module_file(name: str, src: Path) -> Optional[Path]:
+    base = src.joinpath(*name.split("."))
+    for f in (base.with_suffix(".py"), base / "__init__.py"):
+        if f.is_file():
+            return f
+    return None
+
+
+def _imported(name: str, path: Path) -> Iterable[tuple[str, bool]]:
+    """(module, required) for every import statement in the module's source, at any depth
+    (imports inside functions count). `from m import x` yields m (required) and m.x (only
+    if it is a submodule)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                yield a.name, True
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1])
+                module = f"{base}.{node.module}" if node.module else base
+            else:
+                module = node.module
+            yield module, True
+            for a in node.names:
+                yield f"{module}.{a.name}", False
+
+
+def module_files(entry: str, src: str | os.PathLike = "src") -> list[str]:
+    """Source files of `entry` and of every module of its top-level package that it imports,
+    directly or not: the code a stage depends on (read with ast, nothing is imported).
+
+    Importing a module runs its packages' __init__.py, so those count too. An imported
+    module of the package without a source file raises ImportError (a renamed module must
+    not silently drop out of the dependencies)."""
+    src = Path(src)
+    root = entry.split(".")[0]
+    seen: dict[str, Path] = {}
+    todo = [(entry, True, entry)]
+    while todo:
+        name, required, by = todo.pop()
+        if name in seen or not (name == root or name.startswith(root + ".")):
+            continue
+        path = _module_file(name, src)
+        if path is None:
+            if required:
+                raise ImportError(f"{by} imports {name}, which has no source file under {src}")
+            continue
+        seen[name] = path
+        parent = name.rpartition(".")[0]
+        if parent:
+            todo.append((parent, True, name))
+        todo += [(m, req, name) for m, req in _imported(name, path)]
+    return sorted(str(p) for p in seen.values())
+
+
+def stage_code(stage: str, src: str | os.PathLike = "src") -> list[str]:
+    """The source files of the code the pipeline stage `stage` (data, train, eval, report) runs."""
+    return module_files(STAGE_MODULES[stage], src)
+
+
+# ---------------------------------------------------------------------------
 # job-side helpers: python -m loopscale.pipeline <command>
 # ---------------------------------------------------------------------------
-def drop_stale_state(run_dir: str | os.PathLike, config_path: str | os.PathLike) -> bool:
-    """Delete RUN/state.pt when it was written with other training settings than
-    `config_path` (a config change makes it useless; resuming it would raise).
+def drop_stale_state(run_dir: str | os.PathLike, cfg: RunConfig) -> bool:
+    """Delete RUN/state.pt when it was written with other training settings than `cfg`
+    (a config change makes it useless; resuming it would raise). Used by
+    `loopscale train --drop-stale-state`, the pipeline's training job.
 
     Returns True when it was deleted."""
     state = Path(run_dir) / "state.pt"
     if not state.exists():
         return False
-    from .config import load_config
     from .io import CheckpointError, load_checkpoint
     from .train import resume_comparable
 
-    cfg = load_config(str(config_path))
     try:
         ck = load_checkpoint(state)
         same = resume_comparable(ck["config"]) == resume_comparable(cfg.to_dict())
@@ -429,17 +540,11 @@ def drop_stale_state(run_dir: str | os.PathLike, config_path: str | os.PathLike)
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loopscale.pipeline", description="pipeline helpers")
     sub = p.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("drop-stale-state", help="remove RUN/state.pt if written with other settings")
-    s.add_argument("run_dir")
-    s.add_argument("config")
     s = sub.add_parser("check", help="validate params.yaml and list the runs of an experiment")
     s.add_argument("--params", default="params.yaml")
     s.add_argument("--schema", default="workflow/schemas/params.schema.yaml")
     s.add_argument("--experiment")
     args = p.parse_args(argv)
-    if args.cmd == "drop-stale-state":
-        drop_stale_state(args.run_dir, args.config)
-        return 0
     try:
         params, exps = load_and_validate(args.params, args.schema,
                                          {"experiment": args.experiment} if args.experiment else None)

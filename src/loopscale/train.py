@@ -132,7 +132,11 @@ def _metrics_upto(path: Path, step: int) -> None:
 
 
 def record_failure(cfg: RunConfig, out_dir: str | Path, error: BaseException) -> dict:
-    """Mark a run that crashed as failed (summary.json), keeping state.pt for a later retry."""
+    """Mark a run that crashed as failed, keeping state.pt for a later retry.
+
+    Writes summary.json (status "failed") and, so that every outcome leaves the same files,
+    model.pt as a record without weights ({"status": "failed", "config", "error"}): loading
+    it names the failure (io.load_checkpoint), evaluating it writes "failed" results."""
     summary = {"status": "failed", "error": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:500],
                "steps": None, "config_fingerprint": cfg.fingerprint()}
     state = Path(out_dir) / "state.pt"
@@ -141,6 +145,8 @@ def record_failure(cfg: RunConfig, out_dir: str | Path, error: BaseException) ->
             summary["steps"] = load_checkpoint(state)["step"]
         except CheckpointError:
             pass
+    atomic_torch_save(Path(out_dir) / "model.pt", {"status": "failed", "config": cfg.to_dict(),
+                                                   "error": summary["error"]})
     atomic_write_json(Path(out_dir) / "summary.json", summary)
     return summary
 

@@ -6,6 +6,13 @@
 # Then every run's resolved config is written with write-if-changed (unchanged runs keep
 # their files and mtimes). Those files are rule inputs, so a changed setting reruns
 # exactly the runs it changes, also in a fresh clone without .snakemake/ metadata.
+#
+# The files are written while the DAG is built, before Snakemake takes its own lock. So
+# that an invocation which does not get to run never rewrites the files a running one
+# uses, the writer first takes a per-experiment lock (.snakemake/loopscale-<exp>.lock,
+# held until this snakemake exits, released by the system even on kill -9); a second
+# snakemake on the same experiment stops here with one line, having written nothing.
+# Job processes that parse this file again (cluster jobs) write nothing.
 import os
 import re
 import shlex
@@ -20,12 +27,18 @@ try:
         os.path.join(workflow.basedir, "workflow", "schemas", "params.schema.yaml"),
         overrides={k: v for k, v in config.items() if k != "params"},
     )
-except P.ParamsError as e:
+    EXP = EXPERIMENTS[PARAMS["experiment"]]
+    if workflow.is_main_process:
+        if getattr(workflow.execution_settings, "lock", True):  # not with --nolock
+            EXPERIMENT_LOCK = P.lock_experiment(EXP.name)
+        P.materialize(EXP)
+    # the code each stage runs (every module its entry module imports): an input of its jobs
+    DATA_CODE, TRAIN_CODE, EVAL_CODE, REPORT_CODE = (
+        P.stage_code(s, os.path.relpath(os.path.join(workflow.basedir, "src"))) for s in ("data", "train", "eval", "report")
+    )
+except (P.ParamsError, P.LockedError, ImportError) as e:
     sys.stderr.write(f"loopscale pipeline: error: {e}\n")
     sys.exit(1)
-
-EXP = EXPERIMENTS[PARAMS["experiment"]]
-P.materialize(EXP)
 
 
 def alternatives(values):
@@ -33,30 +46,9 @@ def alternatives(values):
     return "|".join(re.escape(str(v)) for v in sorted(set(values), key=str))
 
 
-# --- code each stage depends on (a module that is not an input is invisible) ----------
-def code(*names):
-    return [os.path.join("src", "loopscale", n) for n in names if os.path.exists(os.path.join("src", "loopscale", n))]
-
-
-DATA_CODE = code("config.py", "data.py", "io.py")
-TRAIN_CODE = code("config.py", "model.py", "objective.py", "data.py", "train.py", "evaluate.py", "io.py")
-EVAL_CODE = code(
-    "config.py", "model.py", "objective.py", "data.py", "evaluate.py", "io.py", "diagnostics.py", "halting.py"
-)
-REPORT_CODE = sorted(
-    os.path.join(d, f) for d, _, files in os.walk(os.path.join("src", "loopscale", "report")) for f in files if f.endswith(".py")
-)
-UNEVALUATED = os.path.join(workflow.basedir, "workflow", "scripts", "unevaluated.py")
-DATA_FILES = ["tokenizer.json", "train.bin", "validation.bin", "test.bin", "meta.json"]
-
-
 # --- input and parameter functions -----------------------------------------------------
 def run_of(wc):
     return EXP.run(wc.size, wc.cond, wc.seed)
-
-
-def data_inputs(wc):
-    return [os.path.join(P.data_dir(wc.exp), f) for f in DATA_FILES]
 
 
 def data_dir_of(wc, input):
@@ -77,7 +69,7 @@ def eval_files():
 
 
 def run_dirs(wc):
-    return " ".join(r.dir for r in EXP.runs)
+    return [r.dir for r in EXP.runs]
 
 
 def job_threads(wc):
@@ -85,6 +77,7 @@ def job_threads(wc):
 
 
 def eval_sets(wc):
-    """The run's eval settings as `--set eval.KEY=VALUE` arguments for `loopscale eval`."""
+    """The run's eval settings as `--set eval.KEY=VALUE` arguments for `loopscale eval`
+    (each one shell-quoted)."""
     ev = run_of(wc).config.to_dict()["eval"]
     return " ".join(f"--set {shlex.quote(f'eval.{k}={v}')}" for k, v in ev.items())

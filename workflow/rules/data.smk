@@ -21,4 +21,4 @@ rule prepare_data:
     conda:
         "../envs/loopscale.yaml"
     shell:
-        "loopscale prepare-data --config {input.config} --out {params.out} > {log} 2>&1"
+        "loopscale prepare-data --config {input.config:q} --out {params.out:q} > {log:q} 2>&1"

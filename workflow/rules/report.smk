@@ -1,9 +1,17 @@
 # Stage 4: aggregate every run of the experiment into tables, then figures, then the report.
 # Inputs: the runs' result files and the report code (src/loopscale/report/**). The
 # outputs are the files `loopscale report` documents (src/loopscale/report/__init__.py).
+# They take seconds: local rules (on a cluster they run in the snakemake process's host,
+# not as allocations).
 
 TABLES = ["main", "depth", "norms", "radial", "lemma", "clamp", "halting", "runs", "claims"]
 FIGURES = ["norm_per_loop", "norm_training", "ppl_depth", "frontier", "radial_vs_norm", "norm_histogram", "lemma"]
+
+
+localrules:
+    aggregate,
+    figures,
+    report,
 
 
 rule aggregate:
@@ -24,7 +32,7 @@ rule aggregate:
     conda:
         "../envs/loopscale.yaml"
     shell:
-        "loopscale report tables --runs {params.runs} --out {params.out} > {log} 2>&1"
+        "loopscale report tables --runs {params.runs:q} --out {params.out:q} > {log:q} 2>&1"
 
 
 rule figures:
@@ -44,7 +52,7 @@ rule figures:
     conda:
         "../envs/loopscale.yaml"
     shell:
-        "loopscale report figures --runs {params.runs} --out {params.out} > {log} 2>&1"
+        "loopscale report figures --runs {params.runs:q} --out {params.out:q} > {log:q} 2>&1"
 
 
 rule report:
@@ -65,5 +73,5 @@ rule report:
     conda:
         "../envs/loopscale.yaml"
     shell:
-        "loopscale report write --runs {params.runs} --results {params.results} --figures {params.figures}"
-        " --params {input.params} --experiment {wildcards.exp} --out {output.report} > {log} 2>&1"
+        "loopscale report write --runs {params.runs:q} --results {params.results:q} --figures {params.figures:q}"
+        " --params {input.params:q} --experiment {wildcards.exp:q} --out {output.report:q} > {log:q} 2>&1"

@@ -5,38 +5,39 @@
 # setting reruns only the evaluations. The job trains from RUN/config.yaml (the same
 # settings plus eval; deliberately not an input), so model.pt carries the full config.
 #
-# Only summary.json is declared as output: it is the one file every outcome writes
-# (completed | diverged | failed, thanks to --record-failure). model.pt, metrics.jsonl and
-# config.json sit beside it. RUN/state.pt (resume state) is deliberately undeclared:
-# Snakemake deletes declared outputs of a failed job, and resuming needs it. A state.pt
-# left by other training settings is dropped first (it could not be resumed).
+# Outputs: summary.json and model.pt, which every outcome writes (completed | diverged |
+# failed: with --record-failure a crash is recorded in both, model.pt then holding no
+# weights), so a deleted model.pt retrains and --delete-all-output removes checkpoints.
+# metrics.jsonl and config.json sit beside them. RUN/state.pt (resume state) is
+# deliberately undeclared: Snakemake deletes the declared outputs of a failed job, and
+# resuming needs it; one left by other training settings is dropped (--drop-stale-state).
+#
+# Time limits and preemption: a SIGTERM (SLURM sends one before the time limit) saves
+# state.pt and exits 143, a failed job; Snakemake retries it (`--retries`, set by the
+# SLURM profiles) and the retry resumes from state.pt. A crash is a result (status
+# failed), not retried.
 
 
 rule train:
-    """Train one run; a crash is recorded as status "failed" in summary.json (exit 0)."""
+    """Train one run; a crash is recorded as status "failed" (exit 0)."""
     input:
         config="runs/{exp}/{size}/{cond}/seed{seed}/train-config.yaml",
-        data=data_inputs,
+        data=rules.prepare_data.output,
         code=TRAIN_CODE,
     output:
         summary="runs/{exp}/{size}/{cond}/seed{seed}/summary.json",
+        model="runs/{exp}/{size}/{cond}/seed{seed}/model.pt",
     log:
         "logs/{exp}/{size}/{cond}/seed{seed}/train.log",
     params:
         run=run_dir_of,
         full_config=lambda wc, input: os.path.join(os.path.dirname(input.config), "config.yaml"),
         data=data_dir_of,
-        python=sys.executable,
     threads: job_threads
     resources:
         gpu=EXP.gpu,
     conda:
         "../envs/loopscale.yaml"
     shell:
-        """
-        exec > {log} 2>&1
-        if [ -e {params.run}/state.pt ]; then
-            {params.python} -m loopscale.pipeline drop-stale-state {params.run} {params.full_config}
-        fi
-        loopscale train --config {params.full_config} --data {params.data} --out {params.run} -q --record-failure
-        """
+        "loopscale train --config {params.full_config:q} --data {params.data:q} --out {params.run:q}"
+        " -q --record-failure --drop-stale-state > {log:q} 2>&1"
