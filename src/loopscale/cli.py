@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import logging
 import sys
 from pathlib import Path
 
@@ -129,7 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True, help="prepared data directory")
     p.add_argument("--out", required=True, help="run directory")
     p.add_argument("--no-resume", action="store_true", help="ignore an existing state.pt")
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", "-q", action="store_true",
+                   help="no progress bar (progress is then logged every train.log_every steps)")
     p.add_argument("--record-failure", action="store_true",
                    help="on a crash, write summary.json with status 'failed' and exit 0 (pipeline use)")
     p.add_argument("--drop-stale-state", action="store_true",
@@ -156,6 +158,9 @@ def main(argv: list[str] | None = None) -> int:
     from .io import CheckpointError
     from .train import Preempted
     args = build_parser().parse_args(argv)
+    # progress and notices of every command: one timestamped line each, on stderr
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
+                        datefmt="%Y-%m-%d %H:%M:%S", stream=sys.stderr)
     try:
         return args.func(args) or 0
     except (ConfigError, DataError, CheckpointError, FileNotFoundError) as e:

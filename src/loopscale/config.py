@@ -94,6 +94,7 @@ class TrainConfig:
     eval_every: int = 0  # 0: validate only at the end
     eval_tokens: int = 65536  # validation tokens for the in-training evaluation
     threads: int = 0  # torch CPU threads; 0 leaves torch's default
+    tensorboard: bool = False  # also write RUN/tensorboard/ event files (needs the tensorboard extra)
 
 
 @dataclass

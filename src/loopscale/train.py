@@ -16,9 +16,12 @@ losses bit for bit on CPU.
 """
 from __future__ import annotations
 
+import datetime
 import json
+import logging
 import math
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -37,9 +40,29 @@ from .model import LoopedLM
 from .objective import LossOutput, compute_loss
 from .runtime import autocast, enable_tf32, resolve_device
 
+logger = logging.getLogger("loopscale.train")
+
 # settings that may change between a checkpoint and its resumption without changing results
 _RESUME_FREE = {"max_steps", "epochs", "log_every", "ckpt_every", "eval_every", "eval_tokens",
-                "device", "threads", "compile", "activation_checkpointing"}
+                "device", "threads", "compile", "activation_checkpointing", "tensorboard"}
+
+
+def _progress_line(rec: dict, total_steps: int, tokens_per_step: int) -> str:
+    """One progress line: step, loss, ||H_K||, tok/s and the time left at this speed."""
+    eta = (total_steps - rec["step"]) * tokens_per_step / max(rec["tok_per_s"], 1e-9)
+    return (f"step {rec['step']}/{total_steps}  loss {rec['loss']:.4f}  |H_K| {rec['norm'][-1]:.4g}  "
+            f"tok/s {rec['tok_per_s']:,.0f}  ETA {datetime.timedelta(seconds=round(eta))}")
+
+
+def _tensorboard(log_dir: Path):
+    """A TensorBoard SummaryWriter (train.tensorboard: true; needs the `tensorboard` extra)."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        from .config import ConfigError
+        raise ConfigError("train.tensorboard needs the tensorboard package: "
+                          "pip install 'loopscale[tensorboard]'") from None
+    return SummaryWriter(log_dir=str(log_dir))
 
 
 class Preempted(RuntimeError):
@@ -208,6 +231,7 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
             torch.cuda.set_rng_state(ck["rng_cuda"])
         step, elapsed_before = ck["step"], ck.get("elapsed", 0.0)
         _metrics_upto(metrics_path, step)
+        logger.info("resuming from %s at step %d/%d", state_path, step, total_steps)
     elif metrics_path.exists():
         metrics_path.unlink()
 
@@ -230,8 +254,11 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
     perm_epoch, perm = -1, None
     last_good: dict | None = None
     status, diverged_at = "completed", None
-    bar = tqdm(total=total_steps, initial=step, disable=not progress, desc=out.name, mininterval=1.0,
+    # a progress bar on a terminal; otherwise (pipeline logs, SLURM) a log line every log_every steps
+    show_bar = progress and sys.stderr.isatty()
+    bar = tqdm(total=total_steps, initial=step, disable=not show_bar, desc=out.name, mininterval=1.0,
                dynamic_ncols=True)
+    tb = _tensorboard(out / "tensorboard") if tc.tensorboard else None
     t_log, tok_log = time.time(), 0
     try:
         with _SigtermFlag() as sigterm:
@@ -265,6 +292,16 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
                     log.write(json.dumps(rec) + "\n")
                     log.flush()
                     bar.set_postfix(loss=f"{rec['loss']:.3f}", normK=f"{rec['norm'][-1]:.3g}")
+                    if not show_bar:
+                        logger.info(_progress_line(rec, total_steps, y.numel()))
+                    if tb is not None:
+                        tb.add_scalar("train/loss", rec["loss"], step)
+                        tb.add_scalar("train/norm_K", rec["norm"][-1], step)
+                        tb.add_scalar("train/grad_norm", rec["grad_norm"], step)
+                        tb.add_scalar("train/tok_per_s", rec["tok_per_s"], step)
+                        for k, (ce, norm) in enumerate(zip(rec["ce"], rec["norm"]), 1):
+                            tb.add_scalar(f"ce/loop{k}", ce, step)
+                            tb.add_scalar(f"norm/loop{k}", norm, step)
                 if tc.eval_every and step % tc.eval_every == 0 and step < total_steps:
                     log.write(json.dumps(validate()) + "\n")
                     log.flush()
@@ -277,6 +314,8 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
     finally:
         bar.close()
         log.close()
+        if tb is not None:
+            tb.close()
 
     summary = {"status": status, "steps": step, "total_steps": total_steps,
                "config_fingerprint": cfg.fingerprint(),
@@ -290,6 +329,7 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
         with open(metrics_path, "a") as f:
             f.write(json.dumps(val) + "\n")
         summary.update(final_train=last_good, validation=val)
+        logger.info("done: %d steps, validation CE %s", step, " ".join(f"{c:.4f}" for c in val["val_ce"]))
     # the final model: last finite weights (a diverged update is never applied)
     atomic_torch_save(out / "model.pt", {"model": model.state_dict(), "config": cfg.to_dict(),
                                          "step": step, "status": status})
