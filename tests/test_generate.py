@@ -117,3 +117,18 @@ def test_run_threshold_reads_the_calibrated_per_token_policy(tmp_path):
     assert run_threshold(tmp_path, "entropy") == math.inf  # calibration never exits early
     with pytest.raises(ConfigError, match="max_prob/token"):
         run_threshold(tmp_path, "max_prob")
+
+
+def test_bench_generation_reports_every_depth_and_the_run_s_halting(tmp_path):
+    from loopscale.generate import bench_generation
+    model = _model()
+    K = model.cfg.n_loops
+    r = bench_generation(model, None, new_tokens=6, prompt_len=4)
+    assert [row["loops"] for row in r["rows"]] == list(range(1, K + 1))
+    assert all(row["tokens"] == 6 and row["tok_per_s"] > 0 and row["mean_loops"] == row["loops"] for row in r["rows"])
+    (tmp_path / "eval").mkdir()
+    (tmp_path / "eval" / "halting.json").write_text(json.dumps({"policies": {
+        "max_prob/token": {"threshold": 1.5}, "margin/token": {"threshold": 0.0}, "entropy/token": {"threshold": None}}}))
+    rows = {row["name"]: row for row in bench_generation(model, tmp_path, new_tokens=6, prompt_len=4)["rows"]}
+    assert rows["halt max_prob"]["mean_loops"] == K and rows["halt entropy"]["threshold"] is None
+    assert rows["halt margin"]["mean_loops"] == (K + 5) / 6

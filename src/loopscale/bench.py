@@ -543,6 +543,9 @@ def cmd_bench(args) -> int:
     from .cli import config_from_args
     from .config import parse_overrides
     from .io import atomic_write_json
+    if args.generate:  # generation speed of a trained run (generate.py)
+        from .generate import bench_generation_cli
+        return bench_generation_cli(args.generate, args.new_tokens, args.device or "cpu", args.threads, args.out)
     if args.preset in BENCH_SHAPES and not args.config:
         cfg = bench_config(args.preset, parse_overrides(args.overrides) if args.overrides else None)
     else:
@@ -581,6 +584,9 @@ def add_cli(subparsers) -> None:
     p.add_argument("--no-eval", action="store_true", help="skip the evaluation throughput")
     p.add_argument("--profile", action="store_true", help="torch.profiler top ops of one training step")
     p.add_argument("--out", help="write the JSON result here")
+    p.add_argument("--generate", metavar="RUN", help="instead: generation tok/s of a trained run at k = 1..K "
+                                                     "and with its calibrated halting (KV cache, batch 1)")
+    p.add_argument("--new-tokens", type=int, default=48, help="tokens generated per depth with --generate")
     p.set_defaults(func=cmd_bench)
 
 

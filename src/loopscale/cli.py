@@ -76,7 +76,13 @@ def cmd_config(args) -> int:
 def cmd_prepare_data(args) -> int:
     from . import data as D
     cfg = config_from_args(args)
-    meta = D.prepare_data(cfg.data, args.out)
+    tok = None
+    if args.tokenizer:  # e.g. a converted model's RUN/tokenizer.json
+        if not Path(args.tokenizer).is_file():
+            raise FileNotFoundError(f"tokenizer file {args.tokenizer} not found")
+        from tokenizers import Tokenizer
+        tok = Tokenizer.from_file(args.tokenizer)
+    meta = D.prepare_data(cfg.data, args.out, tokenizer=tok)
     print(json.dumps({k: meta.get(k) for k in ("vocab_size", "tokens")}))
     return 0
 
@@ -123,6 +129,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("prepare-data", help="tokenise the corpus into uint16 splits")
     add_config_args(p)
     p.add_argument("--out", required=True, help="data directory to write")
+    p.add_argument("--tokenizer", help="encode with this tokenizers JSON instead of fitting one "
+                                       "(e.g. RUN/tokenizer.json of a converted model)")
     p.set_defaults(func=cmd_prepare_data)
 
     p = sub.add_parser("train", help="train one run")

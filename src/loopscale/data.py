@@ -394,8 +394,11 @@ def _loopscale_version() -> str:
         return "unknown"
 
 
-def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True) -> dict:
+def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True,
+                 tokenizer: Optional[Tokenizer] = None) -> dict:
     """Load, tokenise and store a corpus in `out_dir`; return the meta dict (also `meta.json`).
+
+    `tokenizer` (e.g. a converted model's): encode with it instead of fitting one.
 
     Files (each written to a temporary name in `out_dir`, then `os.replace`d):
 
@@ -424,7 +427,9 @@ def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True)
             raise DataError(f"the {s} split of data.source={cfg.source} is empty; give it text "
                             "(for builtin: raise data.validation_fraction)")
 
-    tok = fit_tokenizer(cfg, corpus, show_progress=show_progress)
+    tok = tokenizer or fit_tokenizer(cfg, corpus, show_progress=show_progress)
+    if tok.get_vocab_size(with_added_tokens=True) > MAX_VOCAB:
+        raise DataError(f"the tokenizer has {tok.get_vocab_size(with_added_tokens=True)} ids: too many for uint16 token files")
     tok_json = tok.to_str(pretty=True).encode("utf-8")
     # Nothing is touched until the corpus has loaded and the tokenizer is fitted, so bad input
     # leaves a prepared directory as it was. From here meta.json is removed first and written

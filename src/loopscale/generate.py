@@ -211,6 +211,27 @@ def bench_generation(model: LoopedLM, run_dir: Optional[str | Path] = None, new_
     return {"prompt_tokens": prompt_len, "new_tokens": new_tokens, "batch_size": 1, "rows": rows}
 
 
+def bench_generation_cli(run_dir: str, new_tokens: int, device: str, threads: Optional[int],
+                         out: Optional[str]) -> int:
+    """`loopscale bench --generate RUN`: print the table, write the JSON to `out`."""
+    from .artifacts import load
+    from .io import atomic_write_json
+    if threads:
+        torch.set_num_threads(threads)
+    model, _, cfg = load(run_dir, device=device)
+    r = {"run": str(run_dir), "device": device, "threads": torch.get_num_threads(),
+         **bench_generation(model, run_dir, new_tokens=new_tokens)}
+    print(f"generation  {r['new_tokens']} new tokens after a {r['prompt_tokens']}-token prompt, greedy, "
+          f"KV cache, batch 1, {device}, {r['threads']} threads")
+    for row in r["rows"]:
+        tau = f" (τ={row['threshold']:.3g})" if row["threshold"] is not None else ""
+        print(f"  {row['name'] + tau:28s} {row['tok_per_s']:8.1f} tok/s   mean loops/token {row['mean_loops']:.2f}")
+    if out:
+        atomic_write_json(out, r)
+        print(f"wrote {out}")
+    return 0
+
+
 # ---------------------------------------------------------------------------
 # command line
 # ---------------------------------------------------------------------------
