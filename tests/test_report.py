@@ -274,13 +274,43 @@ def test_claim_g_clamp():
 
 def test_claims_from_run_directories(grid):
     res = {r.id: r for r in C.evaluate_groups(group_runs(runs_of(grid)))}
-    assert res["a"].verdict == C.REPRODUCED  # 1200 vs 12
-    assert res["c"].verdict == C.REPRODUCED  # 8 vs 1200
-    assert res["d"].verdict == C.REPRODUCED  # 1e-12 vs 1e-2
-    assert res["e"].verdict == C.REPRODUCED  # flat vs 30 -> 8
-    assert res["f"].verdict == C.REPRODUCED  # 8 vs 11
-    assert res["g"].verdict == C.REPRODUCED  # |ΔCE| 0.002 vs gap 0.32
+    assert res["a"].verdict == "reproduced (2/2 seeds)"  # 1200 vs 12; seeds 1 and 2 of both conditions
+    assert res["c"].verdict == "reproduced (1/1 seed)"  # 8 vs 1200; only seed 1 has the inter-loop run
+    assert res["d"].verdict == "reproduced (1/1 seed)"  # 1e-12 vs 1e-2; raw seed 2 has no radial.json
+    assert res["e"].outcome == res["f"].outcome == C.REPRODUCED  # flat vs 30 -> 8; 8 vs 11
+    assert res["g"].outcome == C.REPRODUCED  # |ΔCE| 0.002 vs gap 0.32
+    assert res["a"].seed_verdicts == {1: C.REPRODUCED, 2: C.REPRODUCED}
+    assert res["c"].seed_verdicts == {1: C.REPRODUCED, 2: C.NOT_RUN}
     assert all(r.rule for r in res.values())
+
+
+def test_verdict_that_flips_between_seeds_says_mixed(tmp_path):
+    # (a) drift: ratio 100 in seeds 1 and 2, 2 in seed 3 -> the seed means pass, one seed fails
+    root = tmp_path / "runs"
+    for seed, norm in ((1, 1000.0), (2, 1000.0), (3, 20.0)):
+        make_run(root, seed=seed, norm_k=(5.0, 8.0, norm))
+        make_run(root, readout="raw", seed=seed, exit_ppl=(30.0, 12.0, 8.0), norm_k=(5.0, 8.0, 10.0))
+    res = {r.id: r for r in C.evaluate_groups(group_runs(runs_of(root)))}
+    a = res["a"]
+    assert a.mean_verdict == C.REPRODUCED  # mean 673 vs 10
+    assert a.seed_verdicts == {1: C.REPRODUCED, 2: C.REPRODUCED, 3: C.NOT_REPRODUCED}
+    assert a.verdict == "mixed: 2/3 seeds (seed means: reproduced)" and a.outcome == C.MIXED
+    row = a.as_dict()
+    assert (row["seeds_reproduced"], row["seeds_evaluated"]) == (2, 3)
+    assert row["per_seed"] == "1: reproduced; 2: reproduced; 3: not reproduced"
+    assert res["d"].verdict == "reproduced (3/3 seeds)"  # the radial rule holds in every seed
+    text = report_markdown(runs_of(root), tmp_path / "out", tmp_path / "out" / "REPORT.md", "t")
+    assert "mixed: 2/3 seeds" in text and "1 mixed between seeds" in text
+
+
+def test_combine_verdicts():
+    R, N = C.REPRODUCED, C.NOT_REPRODUCED
+    assert C.combine(R, {1: R, 2: R, 3: R}) == "reproduced (3/3 seeds)"
+    assert C.combine(N, {1: N, 2: N}) == "not reproduced (0/2 seeds)"
+    assert C.combine(N, {1: R, 2: N, 3: N}) == "mixed: 1/3 seeds (seed means: not reproduced)"
+    assert C.combine(N, {1: R, 2: R}) == "mixed: 2/2 seeds (seed means: not reproduced)"  # means disagree
+    assert C.combine(R, {1: R, 2: C.NOT_RUN}) == "reproduced (1/1 seed)"  # seed 2 cannot be evaluated
+    assert C.combine(C.NOT_RUN, {1: C.NOT_RUN}) == C.NOT_RUN
 
 
 # ---------------------------------------------------------------------------
@@ -328,7 +358,8 @@ def test_cli_outputs_are_deterministic(grid, tmp_path, monkeypatch):
     for cid in "abcdefg":
         assert f"| ({cid}) " in report
     claims = pd.read_csv(tmp_path / "results0" / "claims.csv")
-    assert set(claims["verdict"]) <= {C.REPRODUCED, C.NOT_REPRODUCED, C.NOT_RUN}
+    assert set(claims["outcome"]) <= {C.REPRODUCED, C.NOT_REPRODUCED, C.MIXED, C.NOT_RUN}
+    assert (claims["seeds_evaluated"] >= claims["seeds_reproduced"]).all()
 
 
 def test_no_runs_is_an_error(tmp_path):

@@ -1,4 +1,4 @@
-"""The paper's headline numbers (DESIGN §1), used as reference columns."""
+"""The paper's headline numbers (abstract, Table 1 and its 129M per-exit results), used as reference columns."""
 from __future__ import annotations
 
 from .runs import Condition
