@@ -6,6 +6,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -274,13 +275,43 @@ def test_claim_g_clamp():
 
 def test_claims_from_run_directories(grid):
     res = {r.id: r for r in C.evaluate_groups(group_runs(runs_of(grid)))}
-    assert res["a"].verdict == C.REPRODUCED  # 1200 vs 12
-    assert res["c"].verdict == C.REPRODUCED  # 8 vs 1200
-    assert res["d"].verdict == C.REPRODUCED  # 1e-12 vs 1e-2
-    assert res["e"].verdict == C.REPRODUCED  # flat vs 30 -> 8
-    assert res["f"].verdict == C.REPRODUCED  # 8 vs 11
-    assert res["g"].verdict == C.REPRODUCED  # |ΔCE| 0.002 vs gap 0.32
+    assert res["a"].verdict == "reproduced (2/2 seeds)"  # 1200 vs 12; seeds 1 and 2 of both conditions
+    assert res["c"].verdict == "reproduced (1/1 seed)"  # 8 vs 1200; only seed 1 has the inter-loop run
+    assert res["d"].verdict == "reproduced (1/1 seed)"  # 1e-12 vs 1e-2; raw seed 2 has no radial.json
+    assert res["e"].outcome == res["f"].outcome == C.REPRODUCED  # flat vs 30 -> 8; 8 vs 11
+    assert res["g"].outcome == C.REPRODUCED  # |ΔCE| 0.002 vs gap 0.32
+    assert res["a"].seed_verdicts == {1: C.REPRODUCED, 2: C.REPRODUCED}
+    assert res["c"].seed_verdicts == {1: C.REPRODUCED, 2: C.NOT_RUN}
     assert all(r.rule for r in res.values())
+
+
+def test_verdict_that_flips_between_seeds_says_mixed(tmp_path):
+    # (a) drift: ratio 100 in seeds 1 and 2, 2 in seed 3 -> the seed means pass, one seed fails
+    root = tmp_path / "runs"
+    for seed, norm in ((1, 1000.0), (2, 1000.0), (3, 20.0)):
+        make_run(root, seed=seed, norm_k=(5.0, 8.0, norm))
+        make_run(root, readout="raw", seed=seed, exit_ppl=(30.0, 12.0, 8.0), norm_k=(5.0, 8.0, 10.0))
+    res = {r.id: r for r in C.evaluate_groups(group_runs(runs_of(root)))}
+    a = res["a"]
+    assert a.mean_verdict == C.REPRODUCED  # mean 673 vs 10
+    assert a.seed_verdicts == {1: C.REPRODUCED, 2: C.REPRODUCED, 3: C.NOT_REPRODUCED}
+    assert a.verdict == "mixed: 2/3 seeds (seed means: reproduced)" and a.outcome == C.MIXED
+    row = a.as_dict()
+    assert (row["seeds_reproduced"], row["seeds_evaluated"]) == (2, 3)
+    assert row["per_seed"] == "1: reproduced; 2: reproduced; 3: not reproduced"
+    assert res["d"].verdict == "reproduced (3/3 seeds)"  # the radial rule holds in every seed
+    text = report_markdown(runs_of(root), tmp_path / "out", tmp_path / "out" / "REPORT.md", "t")
+    assert "mixed: 2/3 seeds" in text and "1 mixed between seeds" in text
+
+
+def test_combine_verdicts():
+    R, N = C.REPRODUCED, C.NOT_REPRODUCED
+    assert C.combine(R, {1: R, 2: R, 3: R}) == "reproduced (3/3 seeds)"
+    assert C.combine(N, {1: N, 2: N}) == "not reproduced (0/2 seeds)"
+    assert C.combine(N, {1: R, 2: N, 3: N}) == "mixed: 1/3 seeds (seed means: not reproduced)"
+    assert C.combine(N, {1: R, 2: R}) == "mixed: 2/2 seeds (seed means: not reproduced)"  # means disagree
+    assert C.combine(R, {1: R, 2: C.NOT_RUN}) == "reproduced (1/1 seed)"  # seed 2 cannot be evaluated
+    assert C.combine(C.NOT_RUN, {1: C.NOT_RUN}) == C.NOT_RUN
 
 
 # ---------------------------------------------------------------------------
@@ -320,18 +351,87 @@ def test_cli_outputs_are_deterministic(grid, tmp_path, monkeypatch):
     for name in outs[0]:
         assert outs[0][name] == outs[1][name], name
     names = set(outs[0])
-    for t in ("main", "depth", "norms", "radial", "lemma", "clamp", "halting", "runs", "claims"):
+    for t in ("main", "depth", "norms", "radial", "lemma", "clamp", "halting", "drift", "runs", "claims"):
         assert f"{t}.csv" in names and f"{t}.md" in names
+    assert "per_seed.csv" in names and "figures/drift.png" in names and "figures/ppl_depth.pdf" in names
     report = outs[0]["REPORT.md"].decode()
     assert "](figures/norm_per_loop.png)" in report and "](main.csv)" in report
     assert "a test" in report and "diverged at step 17" in report
     for cid in "abcdefg":
         assert f"| ({cid}) " in report
     claims = pd.read_csv(tmp_path / "results0" / "claims.csv")
-    assert set(claims["verdict"]) <= {C.REPRODUCED, C.NOT_REPRODUCED, C.NOT_RUN}
+    assert set(claims["outcome"]) <= {C.REPRODUCED, C.NOT_REPRODUCED, C.MIXED, C.NOT_RUN}
+    assert (claims["seeds_evaluated"] >= claims["seeds_reproduced"]).all()
 
 
 def test_no_runs_is_an_error(tmp_path):
     from loopscale.cli import main
     (tmp_path / "empty").mkdir()
     assert main(["report", "tables", "--runs", str(tmp_path / "empty"), "--out", str(tmp_path / "o")]) == 2
+
+
+# ---------------------------------------------------------------------------
+# tidy per-seed table, drift law, PDFs
+# ---------------------------------------------------------------------------
+def test_per_seed_csv_schema(grid, tmp_path):
+    from loopscale.report.tidy import COLUMNS
+    runs = runs_of(grid)
+    write_tables(build_tables(runs), tmp_path)
+    df = pd.read_csv(tmp_path / "per_seed.csv")
+    assert list(df.columns) == COLUMNS
+    assert len(df) == len(runs) * K  # one row per run × exit, every run shown
+    for col in ("params", "d_model", "n_layers", "n_heads", "d_ff", "seq_len", "vocab_size", "n_loops", "k", "seed",
+                "ppl", "ce", "norm", "radial_fraction", "penalty_weight"):
+        assert pd.api.types.is_numeric_dtype(df[col]), col
+    assert set(df["readout"]) == {"rmsnorm", "raw"} and set(df["recurrence"]) == {"residual", "inter_loop_norm"}
+    done = df[(df.status == "completed") & (df.condition_id == condition("rmsnorm", "per_loop").slug)]
+    assert sorted(done.seed.unique()) == [1, 2]
+    # groupby answers the tables' questions: seed mean of the exit-K PPL
+    assert done[done.k == K].ppl.mean() == pytest.approx(11.0)
+    assert done[(done.seed == 1)].sort_values("k").norm.tolist() == [50.0, 300.0, 1000.0]
+    assert (done.radial_fraction == 1e-12).all()
+    assert df[df.status != "completed"].ppl.isna().all()  # diverged/failed runs: rows without values
+    raw2 = df[(df.readout == "raw") & (df.seed == 2)]
+    assert raw2.radial_fraction.isna().all() and raw2.ppl.notna().all()  # no eval files: exits from summary.json
+
+
+def test_drift_law_recovers_a_power_law_and_a_log_law():
+    from loopscale.report import drift
+    t = np.arange(20, 2001, 20, dtype=float)
+    fits = drift.fit_laws(t, 3.0 * t ** 0.7)
+    assert drift.choose(fits).law == "power" and fits["power"].b == pytest.approx(0.7)
+    assert fits["power"].r2 == pytest.approx(1.0) and fits["log"].r2 < 0.99
+    fits = drift.fit_laws(t, 50 + 10 * np.log(t))
+    assert drift.choose(fits).law == "log" and fits["log"].r2 == pytest.approx(1.0)
+    assert fits["log"].predict(1e4) == pytest.approx(50 + 10 * math.log(1e4))
+    # the paper's 44M recipe: ~103M tokens, 257-token windows every 128 tokens, batch 64, 4 epochs
+    assert drift.paper_steps() == 4 * ((103_000_000 - 256 + 127) // 128 // 64) == 50292
+    assert drift.paper_steps(batch_size=32) == 100584
+
+
+def test_drift_table_extrapolates_with_an_interval(tmp_path):
+    from loopscale.report.drift import drift_table, paper_steps
+    root = tmp_path / "runs"
+    for seed in (1, 2):
+        d = make_run(root, seed=seed)
+        recs = [{"step": s, "norm": [1.0, 2.0, 5.0 * s ** 0.5 * (1 + 0.01 * seed)], "ce": [3.0] * 3}
+                for s in range(10, 301, 10)]
+        (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in recs))
+    make_run(root, readout="raw", seed=1)  # 3 log records: too few for a fit
+    t = drift_table(group_runs(runs_of(root)))
+    row = t.df[t.df.condition_id == condition("rmsnorm", "per_loop").slug].iloc[0]
+    assert row.law == "power" and row.power_b == pytest.approx(0.5, abs=0.01) and row.power_r2 > 0.99
+    assert row.n_seeds == 2 and row.fit_from_step == 60  # from 0.2 × the last step (300) on
+    expect = 5.0 * 1.015 * paper_steps() ** 0.5
+    assert row.norm_K_at_target == pytest.approx(expect, rel=0.02)
+    assert row.ci_low <= row.norm_K_at_target <= row.ci_high and row.ci_high / row.ci_low < 1.2
+    raw = t.df[t.df.condition_id == condition("raw", "per_loop").slug].iloc[0]
+    assert raw.law == "" and math.isnan(raw.norm_K_at_target)
+    assert "too few log records" in t.md and "extrapolation" in t.md
+
+
+def test_every_figure_also_as_pdf(grid, tmp_path):
+    paths = write_figures(runs_of(grid), tmp_path / "fig")
+    for p in paths:
+        pdf = p.with_suffix(".pdf")
+        assert pdf.read_bytes().startswith(b"%PDF-"), pdf

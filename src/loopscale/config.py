@@ -140,7 +140,7 @@ class RunConfig:
 # presets
 # ---------------------------------------------------------------------------
 MODEL_PRESETS: dict[str, dict] = {
-    # DESIGN §2: 44M = d512, 8 layers, 8 heads, SwiGLU 2048, seq 256, K=4, batch 64
+    # the paper's experimental setup: 44M = d512, 8 layers, 8 heads, SwiGLU 2048, seq 256, K=4, batch 64
     "paper-44m": dict(model=dict(vocab_size=20000, d_model=512, n_layers=8, n_heads=8, d_ff=2048,
                                  seq_len=256, n_loops=4), train=dict(batch_size=64)),
     # 129M = d768, 12 layers, 12 heads, SwiGLU 3072, seq 256, K=4, batch 32

@@ -15,8 +15,8 @@ The data path of a run has three steps:
    - ``text-files``: the user's own ``data.train_file`` / ``data.validation_file`` /
      optional ``data.test_file`` (UTF-8 plain text; WikiText raw files work as they are).
 
-   Every source goes through the same line rule (DESIGN §2): a text is split on ``"\\n"``,
-   lines that are empty or whitespace-only are dropped, and the remaining lines (kept
+   Every source goes through the same line rule (the paper's data preparation): a text is
+   split on ``"\\n"``, lines that are empty or whitespace-only are dropped, and the remaining lines (kept
    verbatim, including WikiText's leading/trailing spaces) are joined with a blank line,
    i.e. with ``"\\n\\n"``. WikiText splits and text files become one document each; a
    speech is one document.

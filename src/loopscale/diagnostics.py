@@ -1,4 +1,5 @@
-"""Evaluation and diagnostics of one trained run (DESIGN §3).
+"""Evaluation and diagnostics of one trained run: the paper's diagnostics, defined in
+docs/diagnostics.md.
 
 Every diagnostic reads one trained model file (`<run>/model.pt`) and its prepared data
 directory, evaluates on the validation split in fp32 with dropout off, and writes one JSON

@@ -4,8 +4,9 @@
 # They take seconds: local rules (on a cluster they run in the snakemake process's host,
 # not as allocations).
 
-TABLES = ["main", "depth", "norms", "radial", "lemma", "clamp", "halting", "runs", "claims"]
-FIGURES = ["norm_per_loop", "norm_training", "ppl_depth", "frontier", "radial_vs_norm", "norm_histogram", "lemma"]
+TABLES = ["main", "depth", "norms", "radial", "lemma", "clamp", "halting", "drift", "runs", "claims"]
+FIGURES = ["norm_per_loop", "norm_training", "ppl_depth", "frontier", "radial_vs_norm", "norm_histogram", "lemma",
+           "drift"]
 
 
 localrules:
@@ -24,6 +25,7 @@ rule aggregate:
         csv=expand("results/{{exp}}/{table}.csv", table=TABLES),
         md=expand("results/{{exp}}/{table}.md", table=TABLES),
         norm_loops="results/{exp}/norm_loops.csv",
+        per_seed="results/{exp}/per_seed.csv",
     log:
         "logs/{exp}/aggregate.log",
     params:
@@ -36,14 +38,14 @@ rule aggregate:
 
 
 rule figures:
-    """PNG figures of the experiment."""
+    """Figures of the experiment, each as PNG and PDF."""
     input:
         tables=rules.aggregate.output.csv,
         summaries=run_files("summary.json"),
         evals=eval_files(),
         code=REPORT_CODE,
     output:
-        expand("results/{{exp}}/figures/{figure}.png", figure=FIGURES),
+        expand("results/{{exp}}/figures/{figure}.{ext}", figure=FIGURES, ext=["png", "pdf"]),
     log:
         "logs/{exp}/figures.log",
     params:

@@ -3,11 +3,12 @@
 Command line (registered in `loopscale.cli` through `add_cli`):
 
   loopscale report tables  --runs RUN_DIR [RUN_DIR ...] --out results/<exp>
-      writes <out>/{main,depth,norms,radial,lemma,clamp,halting,runs,claims}.{csv,md}
-      and <out>/norm_loops.csv
+      writes <out>/{main,depth,norms,radial,lemma,clamp,halting,drift,runs,claims}.{csv,md}
+      and <out>/norm_loops.csv, <out>/per_seed.csv (tidy: one row per run × exit k)
   loopscale report figures --runs RUN_DIR [RUN_DIR ...] --out results/<exp>/figures
       writes <out>/{norm_per_loop,norm_training,ppl_depth,frontier,radial_vs_norm,
-      norm_histogram,lemma}.png (every file is always written; a panel without data says so)
+      norm_histogram,lemma,drift}.{png,pdf} (every file is always written; a panel without
+      data says so)
   loopscale report write   --runs RUN_DIR [RUN_DIR ...] --results results/<exp>
                            [--figures results/<exp>/figures] [--params params.yaml]
                            [--experiment <exp>] --out results/<exp>/REPORT.md
@@ -21,7 +22,8 @@ is written atomically and is a pure function of the inputs (no timestamps), so t
 runs give the same bytes.
 
 Modules: runs (reading a run directory), aggregate (tables), figures, claims (the paper's
-claims with verdict rules and thresholds), paper (the paper's numbers), write (REPORT.md).
+claims with verdict rules and thresholds), drift (the drift law of ‖H_K‖ over training
+steps), tidy (per_seed.csv), paper (the paper's numbers), write (REPORT.md).
 """
 
 

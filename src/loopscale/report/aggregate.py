@@ -298,7 +298,7 @@ def main_table(groups: list[Group]) -> Table:
                     "end-of-training validation in summary.json (see ppl_source in main.csv).") + "\n"
     md += _notes("\nmean ± std over seeds (std ddof=1); n = completed seeds / runs. ‖H_k‖ = mean over tokens of the "
                  "per-token L2 norm before any normalisation; √d is the norm of an N(0,1) embedding row (the "
-                 "paper's init). Paper columns: DESIGN §1 (PPL over the paper's regex tokens, 129M, 3 seeds).\n",
+                 "paper's init). Paper columns: the paper's 129M per-loop results and headline norms (PPL over the paper's regex tokens, 3 seeds).\n",
                  src_note, _excluded_note(groups))
     return Table("main", "Main table: final-exit PPL and ‖H_K‖ per condition (Table 1 analog)", df, md)
 
@@ -350,7 +350,7 @@ def depth_table(groups: list[Group]) -> Table:
             md += "\nThroughput of teacher-forced evaluation at depth k (tokens/s; k loops + one readout):\n\n"
             md += md_table(["Condition", "n"] + [f"k={k}" + (" (K)" if k == K else "") for k in range(1, kmax_tp + 1)],
                            tp_rows)
-    md += "\nPaper reference (DESIGN §1; 129M, K=4, three-seed means, PPL over the paper's regex tokens):\n\n"
+    md += "\nPaper reference (the paper's 129M results; K=4, three-seed means, PPL over the paper's regex tokens):\n\n"
     md += md_table(["Condition", "k=1", "k=2", "k=3", "k=4"],
                    [[f"per-loop CE + {c}", *(f"{v:.2f}" for v in ppl)] for c, ppl in
                     (("RMSNorm readout", paper.PPL_129M[("rmsnorm", "per_loop", "none", "residual")]),
@@ -452,14 +452,15 @@ def lemma_table(groups: list[Group]) -> Table:
         cv = ps[1] * math.sqrt((ps[2] - 1) / ps[2]) / ps[0] if ps[2] > 1 and ps[0] else math.nan  # population CV
 
         def m(key, k):
-            return stats(cols[key].get(k, []))[0] if k is not None else math.nan
-        md_rows.append([g.size.label, g.cond.label, f"{n}/{len(g.runs)}", num(m("scale", 1)), num(m("scale", L)),
-                        num(m("angular_update", first)), num(m("angular_update", last)),
-                        num(m("angular_times_scale", first)), num(m("angular_times_scale", last)), num(cv)])
+            return pm(*stats(cols[key].get(k, [])), n_row=n) if k is not None else EMPTY
+        md_rows.append([g.size.label, g.cond.label, f"{n}/{len(g.runs)}", m("scale", 1), m("scale", L),
+                        m("angular_update", first), m("angular_update", last),
+                        m("angular_times_scale", first), m("angular_times_scale", last), num(cv)])
     md = md_table(["Size", "Condition", "n", "s_1", "s_L", "‖Δu‖ 1→2", "‖Δu‖ last", "‖Δu‖·s 1→2", "‖Δu‖·s last",
                    "CV of ‖Δu‖·s (k≥2)"], md_rows)
     md += _notes("\nActivity lemma over L = eval.lemma_loops loops: s_k = ‖H_k‖ per token, u_k = H_k/s_k; ‖Δu‖ = "
-                 "‖u_{k+1} − u_k‖, ‖Δu‖·s = ‖u_{k+1} − u_k‖·s_k (seed means). The lemma predicts ‖Δu‖ ∝ 1/s, i.e. "
+                 "‖u_{k+1} − u_k‖, ‖Δu‖·s = ‖u_{k+1} − u_k‖·s_k (mean ± std over seeds; the CV is over the seed "
+                 "means). The lemma predicts ‖Δu‖ ∝ 1/s, i.e. "
                  "‖Δu‖·s roughly constant (small CV over the transitions k ≥ 2) while s grows. Per-loop values in "
                  "lemma.csv and the Lemma-2 figure.\n", _missing_note(groups, "lemma"), _excluded_note(groups))
     return Table("lemma", "Lemma-2 check (activity lemma)", pd.DataFrame(rows), md)
@@ -590,10 +591,13 @@ def _rel(path: Path, root: Optional[Path]) -> str:
 
 def build_tables(runs: list[Run], root: Optional[Path] = None) -> list[Table]:
     """Every aggregate table, in report order."""
+    from .drift import drift_table
+    from .tidy import per_seed_table
     groups = group_runs(runs)
     norms, norm_loops_t = norms_table(groups)
     return [main_table(groups), depth_table(groups), norms, radial_table(groups), lemma_table(groups),
-            clamp_table(groups), halting_table(groups), runs_table(runs, root)] + [norm_loops_t]
+            clamp_table(groups), halting_table(groups), drift_table(groups), runs_table(runs, root)] + \
+        [norm_loops_t, per_seed_table(runs, root)]
 
 
 def table_markdown(t: Table) -> str:

@@ -1,11 +1,19 @@
 """The paper's claims, each with a verdict computed from the runs by a fixed rule.
 
 The rules and their thresholds below were fixed before any result was looked at; they are
-not to be tuned to make a claim pass. Every verdict is one of
+not to be tuned to make a claim pass. Each rule is applied twice: to the seed means of the
+completed runs, and to every seed on its own (the runs of that seed, conditions matched by
+seed). The verdict states both:
 
-  reproduced              the rule holds on the seed means of the completed runs
-  not reproduced          the rule fails
-  not run at this scale   a condition (or diagnostic) the rule needs has no completed run
+  reproduced (3/3 seeds)       the rule holds on the seed means and in every seed
+  not reproduced (0/3 seeds)   the rule fails on the seed means and in every seed
+  mixed: 2/3 seeds             the seeds disagree (or the seed means disagree with all seeds):
+                               the rule holds in 2 of the 3 seeds where it could be evaluated;
+                               the seed-mean verdict follows in brackets
+  not run at this scale        a condition (or diagnostic) the rule needs has no completed run
+
+A seed enters the count only when the rule can be evaluated on it (every condition the rule
+needs has a completed run with that seed).
 
 Conditions are matched by readout × loss × regulariser × recurrence within one model size
 (so depth K, width d and data are matched). Values are seed means over completed runs only;
@@ -44,6 +52,7 @@ from .runs import Condition, Size, condition, finite
 REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced"
 NOT_RUN = "not run at this scale"
+MIXED = "mixed"
 
 # ---- thresholds (fixed in advance; see the module docstring) ----
 DRIFT_RATIO_MIN = 10.0  # (a), (c): drift = ‖H_K‖ at least 10× the scale-controlled model's
@@ -92,10 +101,36 @@ class ClaimResult:
     verdict: str
     rule: str
     size: str = ""
+    mean_verdict: str = ""  # the rule on the seed means ("" until evaluate_groups sets it)
+    seed_verdicts: dict = field(default_factory=dict)  # seed -> the rule on that seed alone
+
+    @property
+    def outcome(self) -> str:
+        """reproduced | not reproduced | mixed | not run at this scale (the verdict without counts)."""
+        return MIXED if self.verdict.startswith(MIXED) else self.verdict.split(" (", 1)[0]
+
+    def per_seed_text(self) -> str:
+        return "; ".join(f"{s}: {v}" for s, v in self.seed_verdicts.items())
 
     def as_dict(self) -> dict:
+        ev = [v for v in self.seed_verdicts.values() if v != NOT_RUN]
         return {"size": self.size, "id": self.id, "claim": self.claim, "paper": self.paper, "ours": self.ours,
-                "verdict": self.verdict, "rule": self.rule}
+                "verdict": self.verdict, "outcome": self.outcome, "verdict_seed_means": self.mean_verdict or self.verdict,
+                "seeds_reproduced": sum(v == REPRODUCED for v in ev), "seeds_evaluated": len(ev),
+                "per_seed": self.per_seed_text(), "rule": self.rule}
+
+
+def combine(mean: str, per_seed: dict) -> str:
+    """The verdict from the seed-mean verdict and the per-seed ones (see the module docstring)."""
+    if mean == NOT_RUN:
+        return NOT_RUN
+    ev = [v for v in per_seed.values() if v != NOT_RUN]
+    if not ev:  # no seed has every condition the rule needs (e.g. conditions run with different seeds)
+        return f"{mean} (seed means only; no seed has every condition)"
+    k, n = sum(v == REPRODUCED for v in ev), len(ev)
+    if all(v == mean for v in ev):
+        return f"{mean} ({k}/{n} seed{'s' if n > 1 else ''})"
+    return f"{MIXED}: {k}/{n} seeds (seed means: {mean})"
 
 
 def condition_stats(g: Group) -> CondStats:
@@ -334,20 +369,32 @@ def evaluate(table: dict, size: str = "") -> list[ClaimResult]:
 
 
 def evaluate_groups(groups: list[Group]) -> list[ClaimResult]:
-    """Claims per model size (in size order)."""
-    by_size: dict[Size, dict] = {}
+    """Claims per model size (in size order), on the seed means and per seed."""
+    by_size: dict[Size, list] = {}
     for g in groups:
-        by_size.setdefault(g.size, {})[g.cond] = condition_stats(g)
+        by_size.setdefault(g.size, []).append(g)
     out = []
-    for size, table in by_size.items():
-        out += evaluate(table, size.label)
+    for size, gs in by_size.items():
+        results = evaluate({g.cond: condition_stats(g) for g in gs}, size.label)
+        seeds = sorted({r.seed for g in gs for r in g.used if r.seed is not None})
+        per_seed = {s: evaluate({g.cond: condition_stats(_of_seed(g, s)) for g in gs}) for s in seeds}
+        for i, r in enumerate(results):
+            r.mean_verdict = r.verdict
+            r.seed_verdicts = {s: per_seed[s][i].verdict for s in seeds}
+            r.verdict = combine(r.mean_verdict, r.seed_verdicts)
+        out += results
     return out
+
+
+def _of_seed(g: Group, seed) -> Group:
+    return Group(g.size, g.cond, [r for r in g.runs if r.seed == seed])
 
 
 def claims_markdown(results: list[ClaimResult]) -> str:
     from .fmt import md_table
     multi = len({r.size for r in results}) > 1
-    header = (["Size"] if multi else []) + ["Claim", "Paper", "Ours", "Verdict", "Rule"]
-    rows = [([r.size] if multi else []) + [f"({r.id}) {r.claim}", r.paper, r.ours, f"**{r.verdict}**", r.rule]
+    header = (["Size"] if multi else []) + ["Claim", "Paper", "Ours (seed means)", "Verdict", "Per seed", "Rule"]
+    rows = [([r.size] if multi else []) + [f"({r.id}) {r.claim}", r.paper, r.ours, f"**{r.verdict}**",
+                                           r.per_seed_text() or "—", r.rule]
             for r in results]
     return md_table(header, rows)

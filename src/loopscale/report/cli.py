@@ -45,7 +45,7 @@ def cmd_figures(args) -> int:
     from .figures import write_figures
     runs = _runs(args)
     written = write_figures(runs, Path(args.out))
-    print(f"loopscale report figures: {len(runs)} runs -> {len(written)} PNGs in {args.out}")
+    print(f"loopscale report figures: {len(runs)} runs -> {len(written)} figures (PNG + PDF) in {args.out}")
     return 0
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -78,14 +79,22 @@ def _int_ticks(ax) -> None:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
-def _panels(groups: list[Group], width: float = 5.6, height: float = 4.2):
+def _panels(groups: list[Group], width: float = 5.6, height: float = 4.2, overview: bool = False):
+    """One panel per size; `overview`: each panel gets a short full-range panel above it
+    (`ax._overview`, filled by `_zoom`)."""
     sizes = []
     for g in groups:
         if g.size not in sizes:
             sizes.append(g.size)
     n = max(1, len(sizes))
-    fig, axes = plt.subplots(1, n, figsize=(width * n + _LEGEND_W, height), squeeze=False, layout="constrained")
-    return fig, list(axes[0]), sizes
+    if not overview:
+        fig, axes = plt.subplots(1, n, figsize=(width * n + _LEGEND_W, height), squeeze=False, layout="constrained")
+        return fig, list(axes[0]), sizes
+    fig, axes = plt.subplots(2, n, figsize=(width * n + _LEGEND_W, height * 1.4), squeeze=False, sharex="col",
+                             gridspec_kw={"height_ratios": [1, 2.4]}, layout="constrained")
+    for top_ax, ax in zip(axes[0], axes[1]):
+        ax._overview = top_ax
+    return fig, list(axes[1]), sizes
 
 
 def _legend(fig, groups: list[Group], extra: Optional[list] = None) -> None:
@@ -102,8 +111,12 @@ def _legend(fig, groups: list[Group], extra: Optional[list] = None) -> None:
 
 
 def _save(fig, path: Path) -> Path:
-    """Atomic PNG write (temp file in the same directory, then os.replace); no timestamps."""
+    """Atomic PNG write and a PDF beside it (temp file in the same directory, then
+    os.replace); no timestamps. Returns the PNG's path."""
+    _lift_titles(fig)
     try:
+        atomic_write(Path(path).with_suffix(".pdf"), lambda f: fig.savefig(
+            f, format="pdf", bbox_inches="tight", metadata={"Creator": None, "Producer": None, "CreationDate": None}))
         return atomic_write(path, lambda f: fig.savefig(f, format="png", bbox_inches="tight",
                                                         metadata={"Software": None}))
     finally:
@@ -167,18 +180,48 @@ def _set_log(ax, axis: str, values) -> None:
         _log(ax, axis, v)
 
 
-def _clip_top(ax, values_at_k: list, all_values: list, factor: float = 1e3) -> None:
-    """Cap the y axis at `factor` × the worst value at K_train, so blow-ups far from the
-    trained depth do not flatten everything else; says so on the plot."""
-    ref = [v for v in values_at_k if _positive(v)]
-    top = [v for v in all_values if _positive(v)]
-    if not ref or not top or max(top) <= factor * max(ref):
+def _zoom(ax, band: list, values: list) -> None:
+    """Zoom the y axis (linear) to the band where the conditions differ: from the lowest
+    value to the highest of `band` (the values at K_train). The axes above (`_panels(...,
+    overview=True)`) repeat every line over the full range on a log scale with the zoomed
+    band shaded, so the extreme exits and depths stay visible (a broken axis)."""
+    band = [v for v in band if _positive(v)]
+    allv = [v for v in values if _positive(v)]
+    top_ax = getattr(ax, "_overview", None)
+    if not band or not allv:
+        _set_log(ax, "y", allv)
+        if top_ax is not None:
+            top_ax.set_visible(False)
         return
-    lo = min(top)
-    cap = factor * max(ref)
-    ax.set_ylim(lo / 1.5, cap)
-    ax.text(0.99, 0.98, f"y clipped at {factor:g}× the worst value at K_train", transform=ax.transAxes,
-            ha="right", va="top", fontsize=7, color="0.35")
+    lo, hi = min(allv), max(band)
+    span = max(hi - lo, 0.02 * hi)
+    bottom, top = lo - 0.08 * span, hi + 0.15 * span
+    ax.set_ylim(bottom, top)
+    ax.text(0.01, 0.01, "linear, zoomed to the band of the values at K_train", transform=ax.transAxes, fontsize=7,
+            color="0.35", va="bottom")
+    if top_ax is None:
+        return
+    for line in ax.get_lines():
+        x = list(line.get_xdata())
+        if line.get_transform() != ax.transData:  # axvline: drawn in axes coordinates
+            top_ax.axvline(x[0], color=line.get_color(), ls=line.get_linestyle(), lw=line.get_linewidth())
+            continue
+        top_ax.plot(x, line.get_ydata(), color=line.get_color(), ls=line.get_linestyle(), marker=line.get_marker(),
+                    ms=3, mfc=line.get_markerfacecolor(), lw=1.1)
+    _log(top_ax, "y", allv)
+    top_ax.axhspan(bottom, top, color="0.5", alpha=0.2, lw=0)
+    top_ax.text(0.99, 0.95, "every value, log scale; shaded: the zoomed band below", transform=top_ax.transAxes,
+                ha="right", va="top", fontsize=7, color="0.35")
+    top_ax.tick_params(labelbottom=False)
+
+
+def _lift_titles(fig) -> None:
+    """A panel with an overview above it shows its title on the overview."""
+    for ax in fig.axes:
+        top_ax = getattr(ax, "_overview", None)
+        if top_ax is not None and top_ax.get_visible() and ax.get_title():
+            top_ax.set_title(ax.get_title())
+            ax.set_title("")
 
 
 # ---------------------------------------------------------------------------
@@ -235,7 +278,7 @@ def fig_norm_training(groups: list[Group], path: Path) -> Path:
 
 
 def fig_ppl_depth(groups: list[Group], path: Path) -> Path:
-    fig, axes, sizes = _panels(groups)
+    fig, axes, sizes = _panels(groups, overview=True)
     for ax, size in zip(axes, sizes):
         vals, at_k = [], []
         for g in (g for g in groups if g.size == size):
@@ -255,8 +298,7 @@ def fig_ppl_depth(groups: list[Group], path: Path) -> Path:
             ax.axvline(size.n_loops, color="0.2", ls=":", lw=1.2)
             ax.annotate(f"K_train = {size.n_loops}", (size.n_loops, 1.0), xycoords=("data", "axes fraction"),
                         xytext=(4, -12), textcoords="offset points", fontsize=8, color="0.2")
-            _set_log(ax, "y", vals)
-            _clip_top(ax, at_k, vals)
+            _zoom(ax, at_k, vals)
         else:
             _empty(ax, "depth")
         _int_ticks(ax)
@@ -269,7 +311,7 @@ def fig_ppl_depth(groups: list[Group], path: Path) -> Path:
 
 
 def fig_frontier(groups: list[Group], path: Path) -> Path:
-    fig, axes, sizes = _panels(groups)
+    fig, axes, sizes = _panels(groups, overview=True)
     for ax, size in zip(axes, sizes):
         xs, ys, at_k = [], [], []
         for g in (g for g in groups if g.size == size):
@@ -289,8 +331,7 @@ def fig_frontier(groups: list[Group], path: Path) -> Path:
             ys += [p[1] for p in pts]
         if xs:
             _set_log(ax, "x", xs)
-            _set_log(ax, "y", ys)
-            _clip_top(ax, at_k, ys)
+            _zoom(ax, at_k, ys)
         else:
             _empty(ax, "depth + throughput")
         ax.set_title(f"Compute–quality frontier — {size.label}")
@@ -398,6 +439,51 @@ def fig_lemma(groups: list[Group], path: Path) -> Path:
     return _save(fig, path)
 
 
+def fig_drift(groups: list[Group], path: Path) -> Path:
+    from . import paper
+    from .drift import drift_results, paper_steps
+    fig, axes, sizes = _panels(groups, width=6.4)
+    results = drift_results(groups)
+    T44, T129 = paper_steps(), paper_steps(batch_size=32)
+    for ax, size in zip(axes, sizes):
+        any_ = False
+        for res in (r for r in results if r.group.size == size):
+            g = res.group
+            if len(res.steps):
+                ax.scatter(res.steps, res.norms, color=colour(g.cond), s=6, alpha=0.3, lw=0)
+            if not res.ok:
+                continue
+            any_ = True
+            last = float(res.steps.max())
+            t_in = np.geomspace(res.steps.min(), last, 50)
+            t_out = np.geomspace(last, res.target, 50)
+            ax.plot(t_in, res.chosen.predict(t_in), color=colour(g.cond), ls=linestyle(g.cond), lw=1.8)
+            ax.plot(t_out, res.chosen.predict(t_out), color=colour(g.cond), ls=":", lw=1.3)
+            lo, hi = res.ci
+            if finite(lo) and finite(hi) and lo > 0:
+                ax.errorbar([res.target], [res.at_target], yerr=[[res.at_target - lo], [hi - res.at_target]],
+                            color=colour(g.cond), marker=marker(g.cond), ms=5, capsize=3, lw=1.2)
+        if any_:
+            for t, (name, v), dy in zip((T44, T129), paper.NORM_K_PER_LOOP_RMSNORM.items(), (6, -16)):
+                ax.plot([t], [v], marker="*", ms=14, color="k", mfc="w", mew=1.2, ls="")
+                ax.annotate(f"paper {name}: {v:,}", (t, v), xytext=(-9, dy), textcoords="offset points",
+                            ha="right", fontsize=7.5)
+            ax.axvline(T44, color="0.3", ls=":", lw=1)
+            ax.set_xscale("log")
+            _log(ax, "y", [y for line in ax.get_lines() for y in line.get_ydata() if _positive(y)])
+        else:
+            _empty(ax, "too few training log records")
+        ax.set_title(f"Drift law of ‖H_K‖ (extrapolation) — {size.label}")
+        ax.set_xlabel(f"training step (log; dotted line: the paper's 44M run, {T44:,} steps)")
+        ax.set_ylabel("‖H_K‖ on the training batch (log scale)")
+    _legend(fig, groups, [
+        Line2D([], [], color="0.3", lw=1.8, label="fitted law (chosen by R², drift.md)"),
+        Line2D([], [], color="0.3", ls=":", lw=1.3, marker="o", label="extrapolated, 95% bootstrap interval"),
+        Line2D([], [], color="k", marker="*", mfc="w", ms=11, ls="",
+               label="paper: per-loop CE + RMSNorm readout (44M, 129M)")])
+    return _save(fig, path)
+
+
 FIGURES = {
     "norm_per_loop": (fig_norm_per_loop, "‖H_k‖ vs loop k per condition"),
     "norm_training": (fig_norm_training, "‖H_K‖ over training steps"),
@@ -406,10 +492,12 @@ FIGURES = {
     "radial_vs_norm": (fig_radial_vs_norm, "Radial gradient fraction vs ‖H_K‖"),
     "norm_histogram": (fig_norm_histogram, "Per-token ‖H_K‖ distribution"),
     "lemma": (fig_lemma, "Lemma-2 check: scale, angular update and their product vs loop"),
+    "drift": (fig_drift, "Drift law: ‖H_K‖ vs training step, fitted and extrapolated to the paper's step count"),
 }
 
 
 def write_figures(runs: list[Run], out_dir: Path) -> list[Path]:
-    """Every figure as `<out_dir>/<name>.png` (written even without data: an empty panel says so)."""
+    """Every figure as `<out_dir>/<name>.png` and `.pdf` (written even without data: an empty
+    panel says so); returns the PNG paths."""
     groups = group_runs(runs)
     return [fn(groups, Path(out_dir) / f"{name}.png") for name, (fn, _) in FIGURES.items()]

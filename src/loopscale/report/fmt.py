@@ -7,7 +7,7 @@ from typing import Iterable, Optional, Sequence
 EMPTY = "—"
 # columns holding text are left-aligned, numbers right-aligned
 LEFT = {"Size", "Condition", "Runs", "Status", "Policy/granularity", "Clamp", "Run directory", "Diagnostics",
-        "Claim", "Verdict", "Rule", "Paper", "Ours", "Item", "Value", "Setting", "Figure", "Table", "Condition (size)"}
+        "Claim", "Verdict", "Rule", "Paper", "Ours", "Ours (seed means)", "Per seed", "Item", "Value", "Setting", "Figure", "Table", "Condition (size)"}
 
 
 def isnum(x) -> bool:

@@ -1,4 +1,4 @@
-"""The paper's headline numbers (DESIGN §1), used as reference columns."""
+"""The paper's headline numbers (abstract, Table 1 and its 129M per-exit results), used as reference columns."""
 from __future__ import annotations
 
 from .runs import Condition
@@ -17,6 +17,9 @@ PPL_129M = {
     ("final_norm", "per_loop", "none", "residual"): (4.70, 4.57, 4.56, 4.55),
     ("rmsnorm", "per_loop", "norm_penalty", "residual"): (4.67, 4.52, 4.51, 4.53),
 }
+# WikiText-103's training split, ~103M tokens (its published word count): the drift law's
+# extrapolation target is the paper's step count on it (report/drift.py paper_steps)
+WIKITEXT103_TRAIN_TOKENS = 103_000_000
 THROUGHPUT_129M = (80_000, 41_000, 28_000, 21_000)  # tok/s at k=1..4 (L40S)
 
 _SCALE_VISIBLE = {("raw", "terminal", "none", "residual"), ("raw", "per_loop", "none", "residual"),
