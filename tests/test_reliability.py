@@ -63,6 +63,7 @@ def reference(smoke_data, tmp_path_factory):
     return run
 
 
+@pytest.mark.slow  # two training subprocesses each: end to end (make test-fast skips it)
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
 def test_killed_run_resumes_to_the_same_result(sig, smoke_data, reference, tmp_path, cli_env):
     run = tmp_path / "run"

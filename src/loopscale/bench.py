@@ -24,9 +24,9 @@ Measured:
               tensors), CUDA max_memory_allocated; the configured objective.ce_impl=chunked
               against ce_impl=plain (K full [tokens, vocab] logit tensors through F.cross_entropy)
 
-Named shapes beyond the presets: `--preset paper-cpu` is the paper's architecture scaled to
-fit a CPU (d 256, 4 layers, 4 heads of 64, SwiGLU 1024, vocabulary 8192, seq 256, batch 16,
-K 4, per-loop CE).
+Beyond the model presets, `--preset` takes the benchmark-only shapes of config.BENCH_PRESETS
+(next to MODEL_PRESETS): `paper-cpu` is the paper's architecture scaled to fit a CPU (d 256,
+4 layers, 4 heads of 64, SwiGLU 1024, vocabulary 8192, seq 256, batch 16, K 4, per-loop CE).
 """
 from __future__ import annotations
 
@@ -44,21 +44,12 @@ from pathlib import Path
 
 import torch
 
-from .config import RunConfig, merge, preset
+from .config import BENCH_PRESETS, RunConfig, merge, preset
 from .linear_ce import linear_cross_entropy
 from .model import count_params, flops_per_token
 from .objective import compute_loss
 from .runtime import autocast, enable_tf32, resolve_device, sync, uses_bf16
 from .train import build, train_step
-
-# bench-only shapes: (base preset, overrides)
-BENCH_SHAPES: dict[str, tuple[str, dict]] = {
-    "paper-cpu": ("cpu", dict(model=dict(vocab_size=8192, d_model=256, n_layers=4, n_heads=4, d_ff=1024,
-                                         seq_len=256, n_loops=4),
-                              objective=dict(loss="per_loop"),
-                              train=dict(batch_size=16), eval=dict(batch_size=16))),
-}
-
 
 # ---------------------------------------------------------------------------
 # small helpers
@@ -126,8 +117,8 @@ def environment(device: torch.device) -> dict:
 
 def bench_config(name: str | None, overrides: dict | None = None) -> RunConfig:
     """A preset or bench shape plus nested overrides."""
-    if name in BENCH_SHAPES:
-        base, extra = BENCH_SHAPES[name]
+    if name in BENCH_PRESETS:
+        base, extra = BENCH_PRESETS[name]
         d = merge(preset(base).to_dict(), extra)
     else:
         d = preset(name or "cpu").to_dict()
@@ -546,7 +537,7 @@ def cmd_bench(args) -> int:
     if args.generate:  # generation speed of a trained run (generate.py)
         from .generate import bench_generation_cli
         return bench_generation_cli(args.generate, args.new_tokens, args.device or "cpu", args.threads, args.out)
-    if args.preset in BENCH_SHAPES and not args.config:
+    if args.preset in BENCH_PRESETS and not args.config:
         cfg = bench_config(args.preset, parse_overrides(args.overrides) if args.overrides else None)
     else:
         cfg = config_from_args(args)

@@ -146,7 +146,8 @@ MODEL_PRESETS: dict[str, dict] = {
     # 129M = d768, 12 layers, 12 heads, SwiGLU 3072, seq 256, K=4, batch 32
     "paper-129m": dict(model=dict(vocab_size=20000, d_model=768, n_layers=12, n_heads=12, d_ff=3072,
                                   seq_len=256, n_loops=4), train=dict(batch_size=32)),
-    # laptop scale (calibrated so the whole cpu grid runs in ~30 min on 2 cores): the paper's
+    # laptop scale (calibrated so the cpu experiment, nine conditions x one seed, runs in ~13 min
+    # on 2 cores: `make reproduce` took 13 min 15 s on a fresh clone): the paper's
     # architecture, init, optimiser and losses; narrow, short context, small vocabulary, and a
     # higher constant lr (1e-3) so the drift shows within a few hundred steps
     "cpu": dict(model=dict(vocab_size=2048, d_model=64, n_layers=2, n_heads=2, d_ff=256,
@@ -164,6 +165,18 @@ MODEL_PRESETS: dict[str, dict] = {
                   eval=dict(batch_size=8, max_tokens=4096, norm_tokens=2048, radial_tokens=1024,
                             lemma_loops=8, lemma_tokens=1024, clamp_tokens=2048, halting_tokens=4096,
                             throughput_batches=3, throughput_warmup=1)),
+}
+
+
+# benchmark-only shapes (`loopscale bench --preset NAME`): a preset above plus overrides;
+# the pipeline never trains them
+BENCH_PRESETS: dict[str, tuple[str, dict]] = {
+    # the paper's architecture scaled to fit a CPU: d 256, 4 layers, 4 heads of 64, SwiGLU 1024,
+    # vocabulary 8192, seq 256, batch 16, K 4, per-loop CE
+    "paper-cpu": ("cpu", dict(model=dict(vocab_size=8192, d_model=256, n_layers=4, n_heads=4, d_ff=1024,
+                                         seq_len=256, n_loops=4),
+                              objective=dict(loss="per_loop"),
+                              train=dict(batch_size=16), eval=dict(batch_size=16))),
 }
 
 
