@@ -12,7 +12,8 @@ import pytest
 
 from loopscale.config import preset
 from loopscale.report import claims as C
-from loopscale.report.aggregate import build_tables, group_runs, write_tables
+from loopscale.report.aggregate import group_runs, write_tables
+from loopscale.report.tables import build_tables
 from loopscale.report.claims import CondStats
 from loopscale.report.cli import find_run_dirs
 from loopscale.report.figures import FIGURES, write_figures

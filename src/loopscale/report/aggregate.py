@@ -589,17 +589,6 @@ def _rel(path: Path, root: Optional[Path]) -> str:
     return str(path)
 
 
-def build_tables(runs: list[Run], root: Optional[Path] = None) -> list[Table]:
-    """Every aggregate table, in report order."""
-    from .drift import drift_table
-    from .tidy import per_seed_table
-    groups = group_runs(runs)
-    norms, norm_loops_t = norms_table(groups)
-    return [main_table(groups), depth_table(groups), norms, radial_table(groups), lemma_table(groups),
-            clamp_table(groups), halting_table(groups), drift_table(groups), runs_table(runs, root)] + \
-        [norm_loops_t, per_seed_table(runs, root)]
-
-
 def table_markdown(t: Table) -> str:
     return f"## {t.title}\n\n{t.md}"
 

@@ -32,7 +32,8 @@ def _runs(args):
 
 
 def cmd_tables(args) -> int:
-    from .aggregate import build_tables, write_tables
+    from .aggregate import write_tables
+    from .tables import build_tables
     from .write import claims_table
     runs = _runs(args)
     tables = build_tables(runs, root=Path.cwd()) + [claims_table(runs)]

@@ -13,10 +13,11 @@ import pandas as pd
 import yaml
 
 from . import claims as C
-from .aggregate import Table, build_tables, group_runs, table_markdown
+from .aggregate import Table, group_runs, table_markdown
 from .figures import FIGURES
 from .fmt import md_table, num
 from .runs import Run, finite
+from .tables import build_tables
 
 
 def load_params(path: Optional[str | os.PathLike], experiment: Optional[str]) -> dict:

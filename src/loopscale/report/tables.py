@@ -1,0 +1,21 @@
+"""Every table of the report, in report order: the aggregate tables (aggregate.py), the drift
+law (drift.py) and the tidy per-seed table (tidy.py), which all build on aggregate.py."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+from .aggregate import (Table, clamp_table, depth_table, group_runs, halting_table, lemma_table, main_table,
+                        norms_table, radial_table, runs_table)
+from .drift import drift_table
+from .runs import Run
+from .tidy import per_seed_table
+
+
+def build_tables(runs: list[Run], root: Optional[Path] = None) -> list[Table]:
+    """Every aggregate table, in report order."""
+    groups = group_runs(runs)
+    norms, norm_loops_t = norms_table(groups)
+    return [main_table(groups), depth_table(groups), norms, radial_table(groups), lemma_table(groups),
+            clamp_table(groups), halting_table(groups), drift_table(groups), runs_table(runs, root)] + \
+        [norm_loops_t, per_seed_table(runs, root)]
