@@ -45,7 +45,7 @@ from pathlib import Path
 import torch
 
 from .config import BENCH_PRESETS, RunConfig, merge, preset
-from .linear_ce import linear_cross_entropy
+from .evaluate import depth_ce
 from .model import count_params, flops_per_token
 from .objective import compute_loss
 from .runtime import autocast, enable_tf32, resolve_device, sync, uses_bf16
@@ -265,8 +265,7 @@ def bench_eval(cfg: RunConfig, model: torch.nn.Module, device: torch.device, bat
                 x, y = data[i % len(data)]
                 sync(device)
                 t0 = time.perf_counter()
-                h = fwd(x, n_loops=k)[-1]
-                linear_cross_entropy(model.readout(h, final=True), model.head_weight, y)
+                depth_ce(model, x, y, k, fwd)
                 sync(device)
                 if i >= warmup:
                     times.append(time.perf_counter() - t0)

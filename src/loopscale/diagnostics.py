@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 
 from . import data as D
 from .config import ConfigError
-from .evaluate import EvalRun, batches, exit_losses, header, open_run, windows
+from .evaluate import EvalRun, batches, depth_ce, exit_losses, header, open_run, windows
 from .halting import halting
 from .io import atomic_write_json
 from .linear_ce import linear_cross_entropy
@@ -103,8 +103,7 @@ def throughput(run: EvalRun) -> tuple[dict, int]:
         for i, (x, y) in enumerate(data):
             sync(dev)
             t0 = time.perf_counter()
-            h = model(x, n_loops=k)[-1]
-            linear_cross_entropy(model.readout(h, final=True), model.head_weight, y)
+            depth_ce(model, x, y, k)
             sync(dev)
             dt = time.perf_counter() - t0
             if i >= e.throughput_warmup:

@@ -27,6 +27,13 @@ from .objective import mean_token_norm
 from .runtime import ppl, resolve_device
 
 
+def depth_ce(model: LoopedLM, x: torch.Tensor, y: torch.Tensor, k: int, fwd=None) -> torch.Tensor:
+    """CE of the final readout after exactly k loops: what evaluation at depth k runs (the
+    throughput diagnostic and the benchmark time this). `fwd`: the model or its compiled wrapper."""
+    h = (fwd or model)(x, n_loops=k)[-1]
+    return linear_cross_entropy(model.readout(h, final=True), model.head_weight, y)
+
+
 @torch.no_grad()
 def exit_losses(model: LoopedLM, tokens, batch_size: int, max_tokens: int = 0,
                 n_loops: int | None = None, device: torch.device | str = "cpu",
