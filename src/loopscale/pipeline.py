@@ -456,53 +456,81 @@ def _module_file(name: str, src: Path) -> Optional[Path]:
     return None
 
 
-def _imported(name: str, path: Path) -> Iterable[tuple[str, bool]]:
-    """(module, required) for every import statement in the module's source, at any depth
-    (imports inside functions count). `from m import x` yields m (required) and m.x (only
-    if it is a submodule)."""
+class _Imports(ast.NodeVisitor):
+    """The import statements of a module: all of them, or (top_level) only those that run
+    when the module is imported (not inside function bodies)."""
+
+    def __init__(self, top_level: bool):
+        self.top_level, self.nodes = top_level, []
+
+    def visit_Import(self, node):
+        self.nodes.append(node)
+
+    visit_ImportFrom = visit_Import
+
+    def visit_FunctionDef(self, node):
+        if not self.top_level:
+            self.generic_visit(node)
+
+    visit_AsyncFunctionDef = visit_Lambda = visit_FunctionDef
+
+
+def _imported(name: str, path: Path, top_level: bool) -> Iterable[tuple[str, bool]]:
+    """(module, required) for every import statement in the module's source. `from m
+    import x` yields m (required) and m.x (only if it is a submodule)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    finder = _Imports(top_level)
+    finder.visit(ast.parse(path.read_text(), str(path)))
+    for node in finder.nodes:
         if isinstance(node, ast.Import):
             for a in node.names:
                 yield a.name, True
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                parts = package.split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1])
-                module = f"{base}.{node.module}" if node.module else base
-            else:
-                module = node.module
-            yield module, True
-            for a in node.names:
-                yield f"{module}.{a.name}", False
+            continue
+        if node.level:
+            parts = package.split(".")
+            base = ".".join(parts[:len(parts) - node.level + 1])
+            module = f"{base}.{node.module}" if node.module else base
+        else:
+            module = node.module
+        yield module, True
+        for a in node.names:
+            yield f"{module}.{a.name}", False
 
 
 def module_files(entry: str, src: str | os.PathLike = "src") -> list[str]:
     """Source files of `entry` and of every module of its top-level package that it imports,
     directly or not: the code a stage depends on (read with ast, nothing is imported).
 
-    Importing a module runs its packages' __init__.py, so those count too. An imported
-    module of the package without a source file raises ImportError (a renamed module must
-    not silently drop out of the dependencies)."""
+    Imports inside functions count (the stage may call them). Packages (__init__.py, run
+    by importing any of their modules) count with the imports they run at import time, not
+    the lazy ones inside their functions (those serve attribute access by users, e.g.
+    `loopscale.load`), unless the package is `entry`. An imported module of the package without a
+    source file raises ImportError (a renamed module must not silently drop out of the
+    dependencies)."""
     src = Path(src)
     root = entry.split(".")[0]
-    seen: dict[str, Path] = {}
-    todo = [(entry, True, entry)]
+    files: dict[str, Path] = {}
+    done: set[tuple[str, bool]] = set()  # (module, top level only)
+    todo = [(entry, True, False, entry)]  # (module, required, top level only, imported by)
     while todo:
-        name, required, by = todo.pop()
-        if name in seen or not (name == root or name.startswith(root + ".")):
+        name, required, top_level, by = todo.pop()
+        if not (name == root or name.startswith(root + ".")):
             continue
         path = _module_file(name, src)
         if path is None:
             if required:
                 raise ImportError(f"{by} imports {name}, which has no source file under {src}")
             continue
-        seen[name] = path
+        top_level = top_level or (path.name == "__init__.py" and name != entry)
+        if (name, False) in done or (name, top_level) in done:
+            continue
+        files[name] = path
+        done.add((name, top_level))
         parent = name.rpartition(".")[0]
         if parent:
-            todo.append((parent, True, name))
-        todo += [(m, req, name) for m, req in _imported(name, path)]
-    return sorted(str(p) for p in seen.values())
+            todo.append((parent, True, True, name))
+        todo += [(m, req, False, name) for m, req in _imported(name, path, top_level)]
+    return sorted(str(p) for p in files.values())
 
 
 def stage_code(stage: str, src: str | os.PathLike = "src") -> list[str]:
