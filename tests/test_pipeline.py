@@ -214,7 +214,11 @@ def test_experiments_expand(params, tmp_path):
     assert [c.id for c in P.expand_conditions("loopscale9", sets, "x")] == loopscale9
 
     cpu, paper, smoke = exps["cpu"], exps["paper"], exps["smoke"]
-    assert len(cpu.runs) == 9 and {r.seed for r in cpu.runs} == {42}
+    assert len(cpu.runs) == 9 * 3 and {r.seed for r in cpu.runs} == {42, 101, 202}
+    long = exps["cpu_long"]
+    assert len(long.runs) == 9 * 2 and {r.seed for r in long.runs} == {42, 101}
+    assert all((r.config.model.d_model, r.config.model.n_layers, r.config.model.seq_len, r.config.train.max_steps)
+               == (128, 4, 128, 1500) for r in long.runs)
     assert all(r.config.model.d_model == C.MODEL_PRESETS["cpu"]["model"]["d_model"]
                and r.config.data.source == "builtin" for r in cpu.runs)
     assert len(paper.runs) == 2 * 9 * 3 and {r.seed for r in paper.runs} == {42, 101, 202}

@@ -10,7 +10,8 @@ fitted by least squares:
   log     ‖H_K‖ = a + b · log t    (a line in ‖H_K‖ vs log t)
 
 Both are scored by R² of log ‖H_K‖ (the norms span decades, so errors count relatively);
-the law with the higher R² is chosen. The chosen law is extrapolated to the paper's step
+the law with the higher R² is chosen (a log law that falls to a norm <= 0 by the target
+step is not a candidate). The chosen law is extrapolated to the paper's step
 count for its 44M model (4 epochs of WikiText-103 in 257-token windows every 128 tokens at
 batch 64, `paper_steps`) with a bootstrap interval over the log records (BOOTSTRAP
 resamples, fixed seed: the same runs give the same numbers). This is an extrapolation of a
@@ -71,8 +72,11 @@ def _line(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 
 
 def _r2_log(y_obs: np.ndarray, y_pred: np.ndarray) -> float:
-    ly = np.log(y_obs)
-    lp = np.log(np.maximum(y_pred, 1e-300))  # a log law predicting <= 0 scores badly, not NaN
+    """R² of ln ‖H_K‖; NaN when the law predicts a norm <= 0 at a fitted point (it does not
+    describe the data there)."""
+    if np.any(y_pred <= 0):
+        return math.nan
+    ly, lp = np.log(y_obs), np.log(y_pred)
     ss_res = float(np.sum((ly - lp) ** 2))
     ss_tot = float(np.sum((ly - ly.mean()) ** 2))
     return 1.0 - ss_res / ss_tot if ss_tot > 0 else math.nan
@@ -91,9 +95,12 @@ def fit_laws(steps, norms) -> dict[str, Fit]:
     return out
 
 
-def choose(fits: dict[str, Fit]) -> Fit:
-    """The law with the higher R² (power on a tie: it is the stricter test of drift)."""
+def choose(fits: dict[str, Fit], target: Optional[float] = None) -> Fit:
+    """The law with the higher R² (power on a tie); a log law that predicts a norm <= 0 at
+    `target` (a falling norm) is not a candidate: norms are positive, the power law stays so."""
     p, lg = fits["power"], fits["log"]
+    if target is not None and not lg.predict(target) > 0:
+        return p
     return lg if finite(lg.r2) and (not finite(p.r2) or lg.r2 > p.r2) else p
 
 
@@ -138,7 +145,7 @@ def drift_law(g: Group, target: Optional[int] = None) -> DriftResult:
     if len(t) < MIN_RECORDS or len(np.unique(t)) < 2:
         return res
     res.fits = fit_laws(t, n)
-    res.chosen = choose(res.fits)
+    res.chosen = choose(res.fits, target)
     res.at_target = float(res.chosen.predict(target))
     rng = np.random.default_rng(BOOTSTRAP_SEED)
     boot = []
@@ -154,6 +161,10 @@ def drift_law(g: Group, target: Optional[int] = None) -> DriftResult:
 
 def drift_results(groups: list[Group]) -> list[DriftResult]:
     return [drift_law(g) for g in groups]
+
+
+def _r2(v: float) -> str:
+    return f"{v:.3f}" if finite(v) else EMPTY
 
 
 def _paper_norm(g: Group) -> str:
@@ -189,7 +200,7 @@ def drift_table(groups: list[Group]) -> Table:
             continue
         md_rows.append([g.size.label, g.cond.label, str(res.seeds), str(len(res.steps)), num(obs),
                         f"{res.chosen.law}: {res.chosen.formula}",
-                        f"{f['power'].r2:.3f} / {f['log'].r2:.3f}",
+                        f"{_r2(f['power'].r2)} / {_r2(f['log'].r2)}",
                         num(res.at_target), f"{num(res.ci[0])} – {num(res.ci[1])}", num(res.at_target / sq),
                         _paper_norm(g)])
     md = md_table(["Size", "Condition", "seeds", "records", "‖H_K‖ at last step", "law (chosen)",
