@@ -49,7 +49,7 @@ COMPILE = os.environ.get("GPU_BENCH_COMPILE", "1") == "1"
 OUT = os.environ.get("OUT")
 # tiny: the same code path at toy size (d 64, 2 layers, vocab 512, seq 64, batch 4)
 TINY_OVERRIDES = dict(model=dict(d_model=64, n_layers=2, n_heads=1, d_ff=256, vocab_size=512, seq_len=64),
-                      data=dict(vocab_size=512), train=dict(batch_size=4), eval=dict(batch_size=4))
+                      data=dict(vocab_size=512), train=dict(batch_size=4, eval_batch_size=4))
 
 
 def left() -> float:

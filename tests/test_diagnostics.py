@@ -22,7 +22,7 @@ from loopscale import data as D
 from loopscale import diagnostics as G
 from loopscale import evaluate as E
 from loopscale import halting as Hl
-from loopscale.config import DataConfig, preset
+from loopscale.config import DataConfig, eval_preset, preset
 from loopscale.evaluate import exit_losses
 from loopscale.io import atomic_torch_save
 from loopscale.model import LoopedLM
@@ -116,7 +116,8 @@ def _make_env(tmp_path_factory):
 
 
 def _open(env, name, *overrides):
-    return E.open_run(env["runs"][name]["model"], env["data"], list(overrides), "cpu", progress=False)
+    return E.open_run(env["runs"][name]["model"], env["data"], list(overrides), "cpu", progress=False,
+                      eval_config=eval_preset("smoke"))
 
 
 # ---------------------------------------------------------------- depth
@@ -128,7 +129,7 @@ def test_depth_at_K_equals_training_validation(env):
     val = summary["validation"]
     out = env["root"] / "out" / "depth.json"
     rc = cli.main(["eval", "depth", "--model", str(run["model"]), "--data", str(env["data"]), "--out", str(out),
-                   "--set", f"eval.max_tokens={cfg.train.eval_tokens}", "--device", "cpu", "-q"])
+                   "--preset", "smoke", "--set", f"eval.max_tokens={cfg.train.eval_tokens}", "--device", "cpu", "-q"])
     assert rc == 0
     res = json.loads(out.read_text())
     K = cfg.model.n_loops
@@ -140,7 +141,9 @@ def test_depth_at_K_equals_training_validation(env):
     assert [r["ce"] for r in res["exits"]] == pytest.approx(val["val_ce"], rel=1e-6)
     assert [r["norm"] for r in res["exits"]] == pytest.approx(val["val_norm"], rel=1e-6)
     # and evaluate.exit_losses on the loaded model
-    r = E.open_run(run["model"], env["data"], [f"eval.max_tokens={cfg.train.eval_tokens}"], "cpu")
+    r = E.open_run(run["model"], env["data"], [f"eval.max_tokens={cfg.train.eval_tokens}"], "cpu",
+                   eval_config=eval_preset("smoke"))
+    assert r.ecfg.batch_size == cfg.train.eval_batch_size  # the batches of the training-time validation
     ref = exit_losses(r.model, r.tokens, r.ecfg.batch_size, r.ecfg.max_tokens)
     assert res["exits"][-1]["ce"] == pytest.approx(ref["ce"][-1], rel=1e-7)
     assert res["depth"][K - 1]["ce"] == pytest.approx(res["exits"][K - 1]["ce"], rel=1e-7)
@@ -450,3 +453,33 @@ def test_cpu_shaped_model_all_commands(env, tmp_path, capsys):
     with capsys.disabled():
         print(f"\ncpu-shaped model, default eval sizes, {len(D.load_split(env['small'], 'validation'))} validation "
               f"tokens, {torch.get_num_threads()} threads: total {time.time() - t0:.1f}s; (s, tokens) {timings}")
+
+
+def test_eval_config_file_and_checkpoints_from_before_the_split(env, tmp_path, capsys):
+    """`--eval-config FILE` (RUN/eval.yaml) sets the sizes, `--set` wins over it, a bad value is
+    refused before anything is evaluated; a model.pt whose config still has an `eval` section
+    (written before evaluation settings left the run config) loads, that section ignored."""
+    cfg = _smoke()
+    old = cfg.to_dict()
+    old["eval"] = {"batch_size": 2, "norm_tokens": 99999}  # stale: must not be used
+    model = tmp_path / "old" / "model.pt"
+    model.parent.mkdir()
+    atomic_torch_save(model, {"model": LoopedLM(cfg.model).state_dict(), "config": old, "step": 0,
+                              "status": "completed"})
+    ev = tmp_path / "eval.yaml"
+    ev.write_text("preset: smoke\nnorm_tokens: 128\nbatch_size: 4\n")
+    out = tmp_path / "n.json"
+    rc, err = _cli(capsys, "eval", "norms", "--model", model, "--data", env["data"], "--out", out,
+                   "--eval-config", ev, "--set", "eval.batch_size=8", "--device", "cpu", "-q")
+    assert rc == 0, err
+    res = json.loads(out.read_text())
+    assert res["tokens"] == 128 and res["eval"]["batch_size"] == 8
+    assert res["eval"]["lemma_loops"] == 8  # from the smoke preset named in the file
+    ev.write_text("lemma_loops: 1\n")
+    out.unlink()
+    rc, err = _cli(capsys, "eval", "all", "--model", model, "--data", env["data"], "--outdir", tmp_path / "all",
+                   "--eval-config", ev, "-q")
+    assert rc == 2 and err.count("\n") == 1 and "eval.lemma_loops" in err and not (tmp_path / "all").exists()
+    ev.write_text("lemma_loopz: 3\n")
+    rc, err = _cli(capsys, "eval", "norms", "--model", model, "--data", env["data"], "--out", out, "--eval-config", ev)
+    assert rc == 2 and "unknown key 'eval.lemma_loopz'" in err and not out.exists()

@@ -2,7 +2,7 @@
 
 The chunked linear cross-entropy (gradients computed in its forward pass, one reused
 [chunk, V] block, softmax exponents floored above the subnormal range) against
-`F.cross_entropy` on K full logit tensors, for every readout x loss x regulariser x
+`F.cross_entropy` on K full logit tensors, for every readout x loss x regularizer x
 recurrence, in float64, with chunk sizes that do not divide the token count; the
 no-grad evaluation path; the bf16-autocast path against fp32; the FLOP count.
 """
@@ -13,7 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
-from loopscale.config import LOSSES, READOUTS, RECURRENCES, REGULARIZERS, ObjectiveConfig, preset
+from loopscale.config import ObjectiveConfig, preset
+from loopscale.registry import LOSSES, READOUTS, RECURRENCES, REGULARIZERS
 from loopscale.model import LoopedLM, flops_per_token
 from loopscale.linear_ce import linear_cross_entropy
 from loopscale.objective import compute_loss

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from loopscale.config import READOUTS, RECURRENCES, ConfigError, preset
+from loopscale.config import ConfigError, preset
+from loopscale.registry import READOUTS, RECURRENCES
 from loopscale.generate import Decoder, Halt, generate, run_threshold
 from loopscale.model import LoopedLM
 

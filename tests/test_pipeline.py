@@ -28,6 +28,7 @@ import yaml
 
 from loopscale import config as C
 from loopscale import pipeline as P
+from loopscale import registry as R
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
@@ -191,15 +192,17 @@ def params():
 # ---------------------------------------------------------------------------
 # fast: settings
 # ---------------------------------------------------------------------------
-def test_schema_mirrors_config():
-    schema = yaml.safe_load(SCHEMA.read_text())
-    d = schema["$defs"]
-    assert tuple(d["readout"]["enum"]) == C.READOUTS
-    assert tuple(d["loss"]["enum"]) == C.LOSSES
-    assert tuple(d["regularizer"]["enum"]) == C.REGULARIZERS
-    assert tuple(d["recurrence"]["enum"]) == C.RECURRENCES
+def test_schema_enums_come_from_the_registry(monkeypatch):
+    d = P.load_schema(SCHEMA)["$defs"]
+    assert tuple(d["readout"]["enum"]) == tuple(R.READOUTS) == ("rmsnorm", "layernorm", "raw", "final_norm")
+    assert tuple(d["loss"]["enum"]) == tuple(R.LOSSES)
+    assert tuple(d["regularizer"]["enum"]) == tuple(R.REGULARIZERS)
+    assert tuple(d["recurrence"]["enum"]) == tuple(R.RECURRENCES)
     assert tuple(d["size"]["properties"]["preset"]["enum"]) == tuple(C.MODEL_PRESETS)
-    assert tuple(d["diagnostics"]["items"]["enum"]) == P.DIAGNOSTICS
+    assert tuple(d["diagnostics"]["items"]["enum"]) == P.DIAGNOSTICS == tuple(R.DIAGNOSTICS)
+    # a readout added to the registry is accepted by the schema without editing it
+    monkeypatch.setitem(R.READOUTS, "toy", R.Readout("toy", "toy readout", None, "layernorm", "toy"))
+    assert "toy" in P.load_schema(SCHEMA)["$defs"]["readout"]["enum"]
 
 
 def test_experiments_expand(params, tmp_path):
@@ -300,11 +303,32 @@ def test_eval_settings_do_not_touch_train_config(params, tmp_path):
     _, exps = load(params, tmp_path)
     assert len(P.materialize(exps["smoke"], tmp_path)) == 1 + 2 * len(exps["smoke"].runs)
     assert P.materialize(exps["smoke"], tmp_path) == []  # unchanged: nothing rewritten
+    run = exps["smoke"].runs[0]
+    assert C.load_config(str(tmp_path / run.dir / "config.yaml")) == run.config  # what `loopscale train` reads
+    assert C.load_eval_config(str(tmp_path / run.dir / "eval.yaml")) == run.eval == C.eval_preset("smoke")
     p = copy.deepcopy(params)
     p["experiments"]["smoke"]["eval"] = {"max_tokens": 1024}
     _, exps2 = load(p, tmp_path)
     written = P.materialize(exps2["smoke"], tmp_path)
-    assert written and all(w.endswith("/config.yaml") and not w.startswith("data/") for w in written)
+    assert sorted(written) == sorted(f"{r.dir}/eval.yaml" for r in exps2["smoke"].runs)
+    assert C.load_eval_config(str(tmp_path / run.dir / "eval.yaml")).max_tokens == 1024
+
+
+def test_bad_eval_setting_names_its_params_key(params, tmp_path):
+    for mutate, expected in [
+            (_mut(["experiments", "smoke", "eval"], {"lemma_loops": 1}), "experiments.smoke.eval: eval.lemma_loops"),
+            (_mut(["experiments", "smoke", "eval"], {"max_tokenz": 1}), "unknown key 'experiments.smoke.eval.max_tokenz'"),
+            (_mut(["experiments", "smoke", "eval"], {"device": "tpu"}), "experiments.smoke.eval: eval.device: unknown value"),
+            (_mut(["experiments", "smoke", "sizes", "smoke", "overrides"], {"eval": {"batch_size": 0}}),
+             "experiments.smoke.sizes.smoke.overrides.eval: eval.batch_size"),
+            (_mut(["experiments", "smoke", "conditions"], [{"readout": "raw", "loss": "per_loop",
+                                                            "overrides": {"eval": {"norm_tokens": "x"}}}]),
+             "experiments.smoke.conditions[0].overrides.eval: eval.norm_tokens must be an integer")]:
+        p = copy.deepcopy(params)
+        mutate(p)
+        with pytest.raises(P.ParamsError) as info:
+            load(p, tmp_path)
+        assert expected in str(info.value) and "\n" not in str(info.value), str(info.value)
 
 
 def test_names_are_matched_in_full(params, tmp_path):
@@ -325,7 +349,10 @@ def test_drop_stale_state(tmp_path):
     cfg = C.preset("smoke")
     state = tmp_path / "state.pt"
     atomic_torch_save(state, {"model": {}, "config": cfg.to_dict(), "step": 3})
-    assert not P.drop_stale_state(tmp_path, C.preset("smoke", {"eval": {"max_tokens": 4096}})) and state.exists()
+    assert not P.drop_stale_state(tmp_path, C.preset("smoke", {"train": {"eval_batch_size": 3}})) and state.exists()
+    old = {**cfg.to_dict(), "eval": {"max_tokens": 4096}}  # a state.pt from before eval left the run config
+    atomic_torch_save(state, {"model": {}, "config": old, "step": 3})
+    assert not P.drop_stale_state(tmp_path, cfg) and state.exists()
     assert P.drop_stale_state(tmp_path, C.preset("smoke", {"train": {"lr": 1e-4}})) and not state.exists()
     assert not P.drop_stale_state(tmp_path, cfg)
 
@@ -427,7 +454,7 @@ def test_a_held_experiment_lock_leaves_every_file_alone(dry_workspace):
         lock.close()
     try:  # released: the next invocation writes the new configs
         smk(dry_workspace, "-n", "-q", *SMOKE)
-        cfg = yaml.safe_load(next((dry_workspace / "runs" / "smoke").glob("*/*/seed*/train-config.yaml")).read_text())
+        cfg = yaml.safe_load(next((dry_workspace / "runs" / "smoke").glob("*/*/seed*/config.yaml")).read_text())
         assert cfg["train"]["max_steps"] == 21
     finally:
         (dry_workspace / "params.yaml").write_text(good)

@@ -17,7 +17,8 @@ from loopscale.report.tables import build_tables
 from loopscale.report.claims import CondStats
 from loopscale.report.cli import find_run_dirs
 from loopscale.report.figures import FIGURES, write_figures
-from loopscale.report.runs import condition, load_run, load_runs
+from loopscale.registry import condition
+from loopscale.report.runs import load_run, load_runs
 from loopscale.report.write import report_markdown
 
 D, K = 32, 3

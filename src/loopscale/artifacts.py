@@ -139,7 +139,7 @@ def load(run_dir: str | Path, device: str | torch.device = "cpu") -> tuple[Loope
         if not record or "config" not in record:
             raise CheckpointError(f"{run / 'config.json'} is missing or unreadable: it holds the run's config")
         try:
-            cfg = RunConfig.from_dict(record["config"])
+            cfg = RunConfig.from_checkpoint(record["config"])  # drops the `eval` of older runs
         except Exception as e:
             raise CheckpointError(f"{run / 'config.json'} carries an invalid config: {e}") from None
         try:

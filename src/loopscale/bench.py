@@ -253,7 +253,7 @@ def bench_eval(cfg: RunConfig, model: torch.nn.Module, device: torch.device, bat
     fwd = fwd or model
     was_training = model.training
     model.eval()
-    B, T, V = cfg.eval.batch_size, cfg.model.seq_len, cfg.model.vocab_size
+    B, T, V = cfg.train.eval_batch_size, cfg.model.seq_len, cfg.model.vocab_size
     g = torch.Generator().manual_seed(2)
     data = [(torch.randint(0, V, (B, T), generator=g).to(device), torch.randint(0, V, (B, T), generator=g).to(device))
             for _ in range(min(batches + warmup, 3))]

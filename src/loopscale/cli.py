@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from .config import ConfigError, RunConfig, load_config, merge, parse_overrides, preset
+from .config import ConfigError, RunConfig, config_dict, merge, parse_overrides, preset_dict
 
 # modules that contribute sub-commands via add_cli(subparsers); missing ones are skipped
 _COMMAND_MODULES = ["loopscale.diagnostics", "loopscale.report", "loopscale.bench", "loopscale.artifacts",
@@ -34,13 +34,11 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args) -> RunConfig:
-    if args.config:
-        cfg = load_config(args.config)
-        base = cfg.to_dict()
-        if args.preset:
-            base = merge(preset(args.preset).to_dict(), _without_defaults(base))
-    else:
-        base = (preset(args.preset) if args.preset else RunConfig()).to_dict()
+    """--preset <- --config FILE (its non-default settings) <- --set: merged, validated once."""
+    base = config_dict(args.config) if args.config else None
+    if args.preset:
+        base = merge(preset_dict(args.preset), _without_defaults(base)) if base else preset_dict(args.preset)
+    base = base or RunConfig().to_dict()
     if args.overrides:
         base = merge(base, parse_overrides(args.overrides), "override")
     return RunConfig.from_dict(base)

@@ -1,8 +1,11 @@
-"""Run configuration: dataclasses, presets, overrides and validation.
+"""Run and evaluation configuration: dataclasses, presets, overrides and validation.
 
-A run is fully described by one `RunConfig` (model + objective + data + train + eval).
-Configs round-trip through plain dicts (JSON/YAML); unknown keys, wrong types and
-unknown condition values raise `ConfigError` with a one-line message naming the key.
+A run is described by one `RunConfig` (model + objective + data + train): everything the
+trained weights depend on, plus the training loop's own settings. How a trained run is
+evaluated is a separate `EvalConfig` (RUN/eval.yaml in the pipeline), so an evaluation
+setting never touches training. Both round-trip through plain dicts (JSON/YAML); unknown
+keys, wrong types and unknown values raise `ConfigError` with a one-line message naming
+the key. The condition axes' values come from `loopscale.registry`.
 """
 from __future__ import annotations
 
@@ -16,10 +19,8 @@ from typing import Any, Optional
 
 import yaml
 
-READOUTS = ("rmsnorm", "layernorm", "raw", "final_norm")
-LOSSES = ("terminal", "per_loop")
-REGULARIZERS = ("none", "norm_penalty")
-RECURRENCES = ("residual", "inter_loop_norm")
+from . import registry
+
 INITS = ("pytorch", "gpt2")
 SOURCES = ("builtin", "wikitext-103", "wikitext-2", "text-files")
 TOKENIZERS = ("word", "bpe")
@@ -44,16 +45,16 @@ class ModelConfig:
     n_loops: int = 4  # K: how often the shared stack is applied in training
     dropout: float = 0.1
     norm_eps: float = 1e-6
-    readout: str = "rmsnorm"  # rmsnorm | layernorm | raw | final_norm
-    recurrence: str = "residual"  # residual | inter_loop_norm
+    readout: str = "rmsnorm"  # loopscale.registry.READOUTS
+    recurrence: str = "residual"  # loopscale.registry.RECURRENCES
     init: str = "pytorch"  # pytorch (paper: N(0,1) embeddings) | gpt2 (N(0, 0.02))
 
 
 @dataclass
 class ObjectiveConfig:
-    loss: str = "per_loop"  # terminal | per_loop
-    regularizer: str = "none"  # none | norm_penalty
-    penalty_weight: float = 0.01  # lambda of the norm penalty
+    loss: str = "per_loop"  # loopscale.registry.LOSSES
+    regularizer: str = "none"  # loopscale.registry.REGULARIZERS
+    penalty_weight: float = registry.PAPER_PENALTY_WEIGHT  # lambda of the norm penalty
     ce_impl: str = "chunked"  # chunked (memory-lean, exact) | plain
     ce_chunk_tokens: int = 4096  # tokens per chunk of the chunked cross-entropy
 
@@ -93,12 +94,14 @@ class TrainConfig:
     ckpt_every: int = 500
     eval_every: int = 0  # 0: validate only at the end
     eval_tokens: int = 65536  # validation tokens for the in-training evaluation
+    eval_batch_size: int = 16  # windows per batch of the in-training evaluation
     threads: int = 0  # torch CPU threads; 0 leaves torch's default
     tensorboard: bool = False  # also write RUN/tensorboard/ event files (needs the tensorboard extra)
 
 
 @dataclass
 class EvalConfig:
+    """How a trained run is evaluated (loopscale eval); never changes the weights."""
     batch_size: int = 16
     max_tokens: int = 0  # depth-eval tokens; 0 = the whole validation split
     depth_factor: int = 3  # extrapolate to depth_factor * K
@@ -113,6 +116,16 @@ class EvalConfig:
     throughput_warmup: int = 2
     device: str = "auto"
 
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict, where: str = "eval") -> "EvalConfig":
+        """Built and validated; error messages name keys as `<where>.<key>`."""
+        cfg = _build(cls, d, where)
+        validate_eval(cfg, where)
+        return cfg
+
 
 @dataclass
 class RunConfig:
@@ -120,7 +133,6 @@ class RunConfig:
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     data: DataConfig = field(default_factory=DataConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
-    eval: EvalConfig = field(default_factory=EvalConfig)
 
     # -- dict round trip -------------------------------------------------
     def to_dict(self) -> dict:
@@ -128,9 +140,18 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "") -> "RunConfig":
+        if isinstance(d, dict) and "eval" in d and not where:
+            raise ConfigError("unknown key 'eval': evaluation settings are not part of the run config; "
+                              "give them to `loopscale eval` (--eval-config FILE, --set eval.KEY=VALUE)")
         cfg = _build(cls, d, where)
         validate(cfg)
         return cfg
+
+    @classmethod
+    def from_checkpoint(cls, d: dict) -> "RunConfig":
+        """The config stored in a checkpoint; one written before evaluation settings left the
+        run config carries a stale `eval` section, dropped here."""
+        return cls.from_dict({k: v for k, v in d.items() if k != "eval"} if isinstance(d, dict) else d)
 
     def fingerprint(self) -> str:
         return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
@@ -154,18 +175,35 @@ MODEL_PRESETS: dict[str, dict] = {
                            seq_len=64, n_loops=4),
                 data=dict(vocab_size=2048),
                 train=dict(batch_size=16, lr=1e-3, max_steps=400, stride=32, log_every=20,
-                           ckpt_every=100, eval_tokens=32768),
-                eval=dict(batch_size=32, max_tokens=65536)),
+                           ckpt_every=100, eval_tokens=32768, eval_batch_size=32)),
     # seconds: for tests and the smoke grid
     "smoke": dict(model=dict(vocab_size=2048, d_model=32, n_layers=1, n_heads=2, d_ff=64,
                              seq_len=32, n_loops=3, dropout=0.0),
                   data=dict(vocab_size=2048),
                   train=dict(batch_size=8, lr=1e-3, max_steps=30, stride=32, log_every=5,
-                             ckpt_every=10, eval_tokens=2048),
-                  eval=dict(batch_size=8, max_tokens=4096, norm_tokens=2048, radial_tokens=1024,
-                            lemma_loops=8, lemma_tokens=1024, clamp_tokens=2048, halting_tokens=4096,
-                            throughput_batches=3, throughput_warmup=1)),
+                             ckpt_every=10, eval_tokens=2048, eval_batch_size=8)),
 }
+
+# the evaluation settings that go with each preset (EvalConfig fields; paper: the defaults)
+EVAL_PRESETS: dict[str, dict] = {
+    "paper-44m": {},
+    "paper-129m": {},
+    "cpu": dict(batch_size=32, max_tokens=65536),
+    "smoke": dict(batch_size=8, max_tokens=4096, norm_tokens=2048, radial_tokens=1024, lemma_loops=8,
+                  lemma_tokens=1024, clamp_tokens=2048, halting_tokens=4096, throughput_batches=3,
+                  throughput_warmup=1),
+}
+
+
+def _check_preset(name: str) -> None:
+    if name not in MODEL_PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(MODEL_PRESETS)}")
+
+
+def preset_dict(name: str) -> dict:
+    """A named preset as a complete, not yet validated config dict."""
+    _check_preset(name)
+    return merge(RunConfig().to_dict(), MODEL_PRESETS[name])
 
 
 # benchmark-only shapes (`loopscale bench --preset NAME`): a preset above plus overrides;
@@ -176,18 +214,25 @@ BENCH_PRESETS: dict[str, tuple[str, dict]] = {
     "paper-cpu": ("cpu", dict(model=dict(vocab_size=8192, d_model=256, n_layers=4, n_heads=4, d_ff=1024,
                                          seq_len=256, n_loops=4),
                               objective=dict(loss="per_loop"),
-                              train=dict(batch_size=16), eval=dict(batch_size=16))),
+                              train=dict(batch_size=16, eval_batch_size=16))),
 }
 
 
 def preset(name: str, overrides: Optional[dict] = None) -> RunConfig:
     """A RunConfig from a named preset plus nested-dict overrides."""
-    if name not in MODEL_PRESETS:
-        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(MODEL_PRESETS)}")
-    d = merge(RunConfig().to_dict(), MODEL_PRESETS[name])
+    d = preset_dict(name)
     if overrides:
         d = merge(d, overrides, where="override")
     return RunConfig.from_dict(d)
+
+
+def eval_preset(name: str, overrides: Optional[dict] = None) -> EvalConfig:
+    """The EvalConfig of a named preset plus overrides (a flat dict of EvalConfig keys)."""
+    _check_preset(name)
+    d = merge(EvalConfig().to_dict(), EVAL_PRESETS[name], "eval")
+    if overrides:
+        d = merge(d, overrides, "eval")
+    return EvalConfig.from_dict(d)
 
 
 def merge(base: dict, update: dict, where: str = "") -> dict:
@@ -223,8 +268,7 @@ def parse_overrides(items: list[str]) -> dict:
     return out
 
 
-def load_config(path: str, overrides: Optional[list[str]] = None) -> RunConfig:
-    """Load a run config from YAML/JSON. A top-level `preset:` key starts from that preset."""
+def _read_mapping(path: str) -> dict:
     try:
         with open(path) as f:
             d = yaml.safe_load(f) or {}
@@ -234,13 +278,50 @@ def load_config(path: str, overrides: Optional[list[str]] = None) -> RunConfig:
         raise ConfigError(f"config file {path!r} is not valid YAML: {str(e).splitlines()[0]}") from None
     if not isinstance(d, dict):
         raise ConfigError(f"config file {path!r} must hold a mapping at top level")
-    d = dict(d)
+    return dict(d)
+
+
+def config_dict(path: str) -> dict:
+    """A run config file as a complete, not yet validated dict. A top-level `preset:` key
+    starts from that preset, otherwise the defaults."""
+    d = _read_mapping(path)
     name = d.pop("preset", None)
-    base = preset(name).to_dict() if name else RunConfig().to_dict()
-    merged = merge(base, d)
+    if "eval" in d:
+        raise ConfigError(f"config file {path!r}: unknown key 'eval': evaluation settings are not part of the run "
+                          f"config; give them to `loopscale eval` (--eval-config FILE)")
+    return merge(preset_dict(name) if name else RunConfig().to_dict(), d)
+
+
+def load_config(path: str, overrides: Optional[list[str]] = None) -> RunConfig:
+    """Load a run config from YAML/JSON. A top-level `preset:` key starts from that preset."""
+    d = config_dict(path)
     if overrides:
-        merged = merge(merged, parse_overrides(overrides), "override")
-    return RunConfig.from_dict(merged)
+        d = merge(d, parse_overrides(overrides), "override")
+    return RunConfig.from_dict(d)
+
+
+def load_eval_config(path: Optional[str] = None, overrides: Optional[list[str]] = None,
+                     preset_name: Optional[str] = None, base: Optional[EvalConfig] = None) -> EvalConfig:
+    """The evaluation settings: `base` (default: the defaults) <- a preset's <- the file
+    `path` (a mapping of EvalConfig keys, e.g. RUN/eval.yaml; may name a `preset:`) <-
+    `--set eval.KEY=VALUE` overrides. Merged once, validated once."""
+    d = _read_mapping(path) if path else {}
+    name = d.pop("preset", None) or preset_name
+    start = (base or EvalConfig()).to_dict()
+    if name is not None:
+        _check_preset(name)
+        start = merge(start, EVAL_PRESETS[name], "eval")
+    d = merge(start, d, "eval")
+    if overrides:
+        upd = parse_overrides(overrides)
+        bad = [k for k in upd if k != "eval"]
+        if bad:
+            raise ConfigError(f"--set {bad[0]}.…: evaluation takes eval.* overrides only "
+                              f"(the model's other settings are fixed by training)")
+        if not isinstance(upd["eval"], dict):
+            raise ConfigError("--set eval=…: give one key, e.g. --set eval.max_tokens=65536")
+        d = merge(d, upd["eval"], "eval")
+    return EvalConfig.from_dict(d)
 
 
 # ---------------------------------------------------------------------------
@@ -304,24 +385,39 @@ def _coerce(tp, v, key):
     return v
 
 
-_CHOICES = {
-    ("model", "readout"): READOUTS,
-    ("model", "recurrence"): RECURRENCES,
-    ("model", "init"): INITS,
-    ("objective", "loss"): LOSSES,
-    ("objective", "regularizer"): REGULARIZERS,
-    ("objective", "ce_impl"): CE_IMPLS,
-    ("data", "source"): SOURCES,
-    ("data", "tokenizer"): TOKENIZERS,
-    ("data", "fit_on"): FIT_ON,
-    ("train", "device"): DEVICES,
-    ("train", "precision"): PRECISIONS,
-    ("eval", "device"): DEVICES,
-}
+def _choices() -> dict:
+    """Allowed values per setting (read at validation time: the registry is the source)."""
+    return {
+        ("model", "readout"): tuple(registry.READOUTS),
+        ("model", "recurrence"): tuple(registry.RECURRENCES),
+        ("model", "init"): INITS,
+        ("objective", "loss"): tuple(registry.LOSSES),
+        ("objective", "regularizer"): tuple(registry.REGULARIZERS),
+        ("objective", "ce_impl"): CE_IMPLS,
+        ("data", "source"): SOURCES,
+        ("data", "tokenizer"): TOKENIZERS,
+        ("data", "fit_on"): FIT_ON,
+        ("train", "device"): DEVICES,
+        ("train", "precision"): PRECISIONS,
+    }
+
+
+def validate_eval(e: EvalConfig, where: str = "eval") -> None:
+    if e.device not in DEVICES:
+        raise ConfigError(f"{where}.device: unknown value {e.device!r}; choose one of {', '.join(DEVICES)}")
+    checks = {"batch_size": e.batch_size > 0, "depth_factor": e.depth_factor >= 1, "lemma_loops": e.lemma_loops >= 2,
+              "throughput_batches": e.throughput_batches >= 1, "throughput_warmup": e.throughput_warmup >= 0,
+              "max_tokens": e.max_tokens >= 0, "halting_epsilon": e.halting_epsilon >= 0}
+    for key in ("norm_tokens", "radial_tokens", "lemma_tokens", "clamp_tokens", "halting_tokens"):
+        checks[key] = getattr(e, key) > 0
+    for key, ok in checks.items():
+        if not ok:
+            raise ConfigError(f"{where}.{key}: invalid value {getattr(e, key)!r} (batch_size > 0, depth_factor >= 1, "
+                              f"lemma_loops >= 2, token counts > 0, epsilon >= 0)")
 
 
 def validate(cfg: RunConfig) -> None:
-    for (sec, name), choices in _CHOICES.items():
+    for (sec, name), choices in _choices().items():
         v = getattr(getattr(cfg, sec), name)
         if v not in choices:
             raise ConfigError(f"{sec}.{name}: unknown value {v!r}; choose one of {', '.join(choices)}")
@@ -330,7 +426,7 @@ def validate(cfg: RunConfig) -> None:
                 "model.n_heads": m.n_heads, "model.d_ff": m.d_ff, "model.seq_len": m.seq_len,
                 "model.n_loops": m.n_loops, "train.batch_size": t.batch_size, "train.lr": t.lr,
                 "train.stride": t.stride, "train.log_every": t.log_every, "train.ckpt_every": t.ckpt_every,
-                "data.vocab_size": d.vocab_size, "eval.batch_size": cfg.eval.batch_size,
+                "data.vocab_size": d.vocab_size, "train.eval_batch_size": t.eval_batch_size,
                 "objective.ce_chunk_tokens": o.ce_chunk_tokens}
     for key, v in positive.items():
         if not v > 0:

@@ -38,7 +38,8 @@ import torch
 from tokenizers import Tokenizer, decoders, models
 
 from .artifacts import ROLES, save_weights, write_tokenizer
-from .config import READOUTS, RECURRENCES, ConfigError, RunConfig, merge, parse_overrides
+from .config import ConfigError, RunConfig, merge, parse_overrides
+from .registry import READOUTS, RECURRENCES
 from .io import CheckpointError, atomic_torch_save, atomic_write_json, run_environment
 from .model import LoopedLM
 

@@ -33,15 +33,16 @@ import torch
 from tqdm.auto import tqdm
 
 from . import data as D
-from .config import ConfigError
+from .config import ConfigError, EvalConfig, load_eval_config
 from .evaluate import EvalRun, batches, depth_ce, exit_losses, header, open_run, windows
 from .halting import halting
 from .io import atomic_write_json
 from .linear_ce import linear_cross_entropy
 from .model import LoopedLM, flops_per_token
+from .registry import DIAGNOSTICS as _REGISTRY, READOUTS
 from .runtime import ppl, sync
 
-DIAGNOSTICS = ("depth", "throughput", "norms", "radial", "lemma", "clamp", "halting")
+DIAGNOSTICS = tuple(_REGISTRY)
 CLAMP_MODES = ("none", "remove_radial", "freeze_loop1")
 _TINY = 1e-30  # guards divisions by a zero norm (never hit by real states)
 
@@ -61,14 +62,14 @@ def depth(run: EvalRun) -> tuple[dict, int]:
     """Exits of a full K-loop pass, and every depth k=1..depth_factor·K read with the final readout.
 
     One pass of depth_factor·K loops gives every truncated depth at once: loop k's state never
-    depends on later loops. For readouts other than final_norm the exit readout and the final
-    readout are the same function, so the exits are the first K depths of that pass; for
-    final_norm a separate K-loop pass reads exits k<K raw."""
+    depends on later loops. For most readouts the exit readout and the final readout are the
+    same function, so the exits are the first K depths of that pass; for a readout whose exits
+    k<K differ (the final-only norm reads them raw) a separate K-loop pass reads the exits."""
     e, K, model = run.ecfg, run.K, run.model
     kmax = e.depth_factor * K
     deep = exit_losses(model, run.tokens, e.batch_size, e.max_tokens, n_loops=kmax, device=run.device,
                        final_readout_only=True)
-    if run.cfg.model.readout == "final_norm":
+    if READOUTS[run.cfg.model.readout].exits_differ:
         ex = exit_losses(model, run.tokens, e.batch_size, e.max_tokens, n_loops=K, device=run.device)
     else:
         ex = {key: deep[key][:K] if isinstance(deep[key], list) else deep[key] for key in deep}
@@ -192,10 +193,8 @@ def radial(run: EvalRun) -> tuple[dict, int]:
             abs_sum[k] += cos.abs().sum().cpu()
         n += y.numel()
 
-    def exit_readout(k):
-        r = run.cfg.model.readout
-        return "raw" if r == "raw" or (r == "final_norm" and k < K) else ("layernorm" if r == "layernorm" else "rmsnorm")
-    loops = [{"k": k + 1, "readout": exit_readout(k + 1), "radial_fraction": float(cos2_sum[k] / n),
+    spec = READOUTS[run.cfg.model.readout]
+    loops = [{"k": k + 1, "readout": spec.norm_at(k + 1, K), "radial_fraction": float(cos2_sum[k] / n),
               "mean_cos": float(cos_sum[k] / n), "mean_abs_cos": float(abs_sum[k] / n)} for k in range(K)]
     return {"k_train": K, "loops": loops}, n
 
@@ -369,21 +368,24 @@ def _check_names(names) -> None:
 
 
 def run_diagnostic(name: str, model_path, data_dir, out=None, overrides: Optional[list[str]] = None,
-                   device: Optional[str] = None, progress: bool = True) -> dict:
+                   device: Optional[str] = None, progress: bool = True,
+                   eval_config: Optional[EvalConfig] = None) -> dict:
     """Open a run, evaluate one diagnostic, write `out` (atomic JSON) if given; return the result."""
-    return run_all(model_path, data_dir, None, overrides, device, progress, (name,), {name: out})[name]
+    return run_all(model_path, data_dir, None, overrides, device, progress, (name,), {name: out}, eval_config)[name]
 
 
 def run_all(model_path, data_dir, outdir, overrides: Optional[list[str]] = None, device: Optional[str] = None,
-            progress: bool = True, names=DIAGNOSTICS, outs: Optional[dict] = None) -> dict[str, dict]:
-    """The diagnostics `names` on one run, the model loaded once; writes `outdir/<diagnostic>.json`
+            progress: bool = True, names=DIAGNOSTICS, outs: Optional[dict] = None,
+            eval_config: Optional[EvalConfig] = None) -> dict[str, dict]:
+    """The diagnostics `names` on one run, the model loaded once, with the evaluation settings
+    `eval_config` (default: EvalConfig()) + `overrides`; writes `outdir/<diagnostic>.json`
     (or `outs[name]` when given; neither: nothing written). A run whose training failed gets
     status "failed" results, a diverged one "diverged", without evaluating."""
     _check_names(names)
     if outs is None:
         outs = {n: Path(outdir) / f"{n}.json" for n in names} if outdir is not None else {}
     summary = failed_training(model_path)
-    run = None if summary else open_run(model_path, data_dir, overrides, device, progress)
+    run = None if summary else open_run(model_path, data_dir, overrides, device, progress, eval_config)
     results = {}
     for name in names:
         results[name] = failed_result(name, summary) if summary else evaluate_diagnostic(name, run)
@@ -398,10 +400,13 @@ def run_all(model_path, data_dir, outdir, overrides: Optional[list[str]] = None,
 def _common(p) -> None:
     p.add_argument("--model", required=True, help="trained model file (RUN/model.pt)")
     p.add_argument("--data", required=True, help="the run's prepared data directory")
+    p.add_argument("--eval-config", default=None, metavar="FILE",
+                   help="evaluation settings (YAML mapping of eval keys, e.g. RUN/eval.yaml); default: the defaults")
+    p.add_argument("--preset", default=None, help="start from this preset's evaluation settings (e.g. cpu, smoke)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="eval.KEY=VALUE",
                    help="override an eval setting, e.g. --set eval.max_tokens=65536 (repeatable)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda", "mps"), default=None,
-                   help="device (default: the run's eval.device)")
+                   help="device (default: eval.device)")
     p.add_argument("--threads", type=int, default=0,
                    help="torch CPU threads (0: torch's default); small models on busy CPUs run faster with 1")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
@@ -418,10 +423,15 @@ def _threads(args) -> None:
         torch.set_num_threads(args.threads)
 
 
+def _eval_config(args) -> EvalConfig:
+    """--preset <- --eval-config FILE <- --set eval.KEY=VALUE, validated before any model is loaded."""
+    return load_eval_config(args.eval_config, args.overrides, args.preset)
+
+
 def cmd_eval(args) -> int:
     _threads(args)
-    result = run_diagnostic(args.diagnostic, args.model, args.data, args.out, args.overrides, args.device,
-                            progress=not args.quiet)
+    result = run_diagnostic(args.diagnostic, args.model, args.data, args.out, device=args.device,
+                            progress=not args.quiet, eval_config=_eval_config(args))
     print(_summary_line(result))
     return 0
 
@@ -429,22 +439,11 @@ def cmd_eval(args) -> int:
 def cmd_eval_all(args) -> int:
     _threads(args)
     names = tuple(n.strip() for n in args.only.split(",")) if args.only else DIAGNOSTICS
-    results = run_all(args.model, args.data, args.outdir, args.overrides, args.device, progress=not args.quiet,
-                      names=names)
+    results = run_all(args.model, args.data, args.outdir, device=args.device, progress=not args.quiet,
+                      names=names, eval_config=_eval_config(args))
     for r in results.values():
         print(_summary_line(r))
     return 0
-
-
-_HELP = {
-    "depth": "CE/PPL per exit k<=K and per depth k<=depth_factor*K (final readout)",
-    "throughput": "tokens/s of evaluation at each depth",
-    "norms": "per-loop ||H_k|| and the per-token distribution of ||H_K||",
-    "radial": "radial gradient fraction cos^2(dCE_k/dH_k, H_k) per exit",
-    "lemma": "radial increment and angular update over eval.lemma_loops loops",
-    "clamp": "inference-time scale clamps (remove_radial, freeze_loop1)",
-    "halting": "calibrated post-hoc exit policies and dynamic-depth speed-up",
-}
 
 
 def add_cli(subparsers) -> None:
@@ -453,7 +452,7 @@ def add_cli(subparsers) -> None:
                                            "clamp, halting, all)")
     sub = p.add_subparsers(dest="diagnostic", required=True, metavar="DIAGNOSTIC")
     for name in DIAGNOSTICS:
-        q = sub.add_parser(name, help=_HELP[name])
+        q = sub.add_parser(name, help=_REGISTRY[name].description)
         _common(q)
         q.add_argument("--out", required=True, help="result JSON file to write")
         q.set_defaults(func=cmd_eval)

@@ -19,7 +19,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import data as D
-from .config import ConfigError, EvalConfig, RunConfig, merge, parse_overrides
+from .config import EvalConfig, RunConfig, load_eval_config
 from .io import CheckpointError, load_checkpoint
 from .linear_ce import linear_cross_entropy
 from .model import LoopedLM
@@ -74,7 +74,7 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[Lo
     """Load a trained model (`model.pt` or a training `state.pt`) with its resolved config."""
     ckpt = load_checkpoint(path, map_location=device)
     try:
-        cfg = RunConfig.from_dict(ckpt["config"])
+        cfg = RunConfig.from_checkpoint(ckpt["config"])  # drops the `eval` of older checkpoints
     except Exception as e:
         raise CheckpointError(f"checkpoint {path} carries an invalid config: {e}") from None
     model = LoopedLM(cfg.model)
@@ -93,8 +93,8 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[Lo
 class EvalRun:
     """A trained model with everything a diagnostic needs."""
     model: LoopedLM
-    cfg: RunConfig  # the run's config, with the eval overrides applied
-    ecfg: EvalConfig
+    cfg: RunConfig  # the run's training config (from the checkpoint)
+    ecfg: EvalConfig  # the evaluation settings
     tokens: Optional[np.ndarray]  # validation split (None for a diverged model)
     device: torch.device
     step: Optional[int]
@@ -110,33 +110,6 @@ class EvalRun:
     @property
     def seq_len(self) -> int:
         return self.cfg.model.seq_len
-
-
-def eval_config(cfg: RunConfig, overrides: Optional[list[str]] = None) -> RunConfig:
-    """The run's config with `--set eval.key=value` overrides applied (eval keys only)."""
-    if not overrides:
-        return cfg
-    upd = parse_overrides(overrides)
-    bad = [k for k in upd if k != "eval"]
-    if bad:
-        raise ConfigError(f"--set {bad[0]}.…: diagnostics only take eval.* overrides "
-                          f"(the model's other settings are fixed by training)")
-    d = merge(cfg.to_dict(), upd, "override")
-    cfg = RunConfig.from_dict(d)
-    _check_eval(cfg.eval)
-    return cfg
-
-
-def _check_eval(e: EvalConfig) -> None:
-    checks = {"eval.depth_factor": e.depth_factor >= 1, "eval.lemma_loops": e.lemma_loops >= 2,
-              "eval.throughput_batches": e.throughput_batches >= 1, "eval.throughput_warmup": e.throughput_warmup >= 0,
-              "eval.max_tokens": e.max_tokens >= 0, "eval.halting_epsilon": e.halting_epsilon >= 0}
-    for key in ("norm_tokens", "radial_tokens", "lemma_tokens", "clamp_tokens", "halting_tokens"):
-        checks[f"eval.{key}"] = getattr(e, key) > 0
-    for key, ok in checks.items():
-        if not ok:
-            raise ConfigError(f"{key}: invalid value {getattr(e, key.split('.')[1])!r} "
-                              f"(depth_factor >= 1, lemma_loops >= 2, token counts > 0, epsilon >= 0)")
 
 
 def check_data_matches(cfg: RunConfig, meta: dict, model_path, data_dir) -> None:
@@ -169,18 +142,18 @@ def check_data_matches(cfg: RunConfig, meta: dict, model_path, data_dir) -> None
 
 
 def open_run(model_path, data_dir, overrides: Optional[list[str]] = None, device: Optional[str] = None,
-             progress: bool = True) -> EvalRun:
-    """Load a model file and the validation split of its data dir for evaluation.
+             progress: bool = True, eval_config: Optional[EvalConfig] = None) -> EvalRun:
+    """Load a model file and the validation split of its data dir for evaluation, with the
+    evaluation settings `eval_config` (default: EvalConfig()) + `--set eval.KEY=VALUE` overrides.
 
     Raises CheckpointError (missing/corrupt model file, data of another run), DataError
     (missing data, a validation split shorter than one window) or ConfigError (bad override)."""
+    ecfg = load_eval_config(overrides=overrides, base=eval_config) if overrides else (eval_config or EvalConfig())
     model_path, data_dir = Path(model_path), Path(data_dir)
     if not model_path.is_file():  # before touching the device
         raise CheckpointError(f"checkpoint {model_path} not found; train the run first (loopscale train)")
     model, cfg, ckpt = load_model(model_path, device="cpu")
-    cfg = eval_config(cfg, overrides)
-    _check_eval(cfg.eval)
-    dev = resolve_device(device or cfg.eval.device)
+    dev = resolve_device(device or ecfg.device)
     meta = D.load_meta(data_dir)
     check_data_matches(cfg, meta, model_path, data_dir)
     status = "diverged" if ckpt.get("status") == "diverged" else "ok"
@@ -193,7 +166,7 @@ def open_run(model_path, data_dir, overrides: Optional[list[str]] = None, device
     model = model.to(dev).float().eval()
     for p in model.parameters():
         p.requires_grad_(False)
-    return EvalRun(model=model, cfg=cfg, ecfg=cfg.eval, tokens=tokens, device=dev, step=ckpt.get("step"),
+    return EvalRun(model=model, cfg=cfg, ecfg=ecfg, tokens=tokens, device=dev, step=ckpt.get("step"),
                    status=status, model_path=model_path, data_dir=data_dir, progress=progress)
 
 

@@ -6,10 +6,11 @@ loop k+1. Two choices decide the paper's story:
 
   readout r(·)   rmsnorm | layernorm  scale-invariant: r(αH) = r(H), the loss cannot see ‖H‖
                  raw                  r(H) = H: the loss sees the scale
-                 final_norm           raw at loops 1..K-1, RMSNorm at loop K
+                 final_norm           final-only norm: raw at exits 1..K-1, RMSNorm at exit K
   recurrence     residual             H_k feeds loop k+1 as is (paper default)
                  inter_loop_norm      RMSNorm(H_k) feeds loop k+1 (scale removed from the loop)
 
+(The readouts are declared in loopscale.registry: which norm at the exits k < K, which at K.)
 Everything else follows the paper's setup: learned absolute positions added once, no
 biases, SwiGLU MLP, LM head tied to the token embedding, PyTorch default initialisation
 (so token embeddings are N(0, 1)).
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .config import ModelConfig
+from .registry import READOUTS
 
 
 class KVCache:
@@ -91,9 +93,12 @@ class Block(nn.Module):
 
 
 def make_norm(kind: str, cfg: ModelConfig) -> nn.Module:
+    """A readout norm by its registry name (Readout.exit_norm / final_norm)."""
     if kind == "layernorm":
         return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=False)
-    return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+    if kind == "rmsnorm":
+        return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+    raise ValueError(f"unknown readout norm {kind!r}")
 
 
 class LoopedLM(nn.Module):
@@ -105,7 +110,9 @@ class LoopedLM(nn.Module):
         self.drop = nn.Dropout(cfg.dropout)
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))  # the shared stack
         # one readout norm shared by every loop (absent for the raw readout)
-        self.readout_norm = None if cfg.readout == "raw" else make_norm(cfg.readout, cfg)
+        self.readout_spec = READOUTS[cfg.readout]
+        norm = self.readout_spec.norm
+        self.readout_norm = None if norm is None else make_norm(norm, cfg)
         self.loop_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.recurrence == "inter_loop_norm" else None
         # opt-in activation checkpointing: keep only each block call's input for backward and
         # recompute the block there (one more stack forward; dropout masks replay exactly)
@@ -161,10 +168,9 @@ class LoopedLM(nn.Module):
     def readout(self, h: torch.Tensor, final: bool = True) -> torch.Tensor:
         """r(H): the normalised (or raw) state that the tied head reads.
 
-        `final` marks the last exit of the pass; only `final_norm` cares."""
-        if self.cfg.readout == "raw" or (self.cfg.readout == "final_norm" and not final):
-            return h
-        return self.readout_norm(h)
+        `final` marks the last exit of the pass (the final-only norm reads the others raw)."""
+        norm = self.readout_spec.final_norm if final else self.readout_spec.exit_norm
+        return h if norm is None else self.readout_norm(h)
 
     def logits(self, h: torch.Tensor, final: bool = True) -> torch.Tensor:
         return F.linear(self.readout(h, final), self.tok_emb.weight)  # tied LM head

@@ -3,9 +3,11 @@
 `params.yaml` is the one source of truth of the pipeline. This module
 
 * validates it: first against `workflow/schemas/params.schema.yaml` (unknown keys, wrong
-  types, unknown condition values), then by building every run's `RunConfig` with
-  `loopscale.config` layer by layer, so a bad value is reported with the params key that
-  set it. Every problem is one `ParamsError` whose message is one line naming the key;
+  types, unknown condition values; its enums are filled in from `loopscale.registry`), then
+  by building every run's `RunConfig` and `EvalConfig` with `loopscale.config`: the layers
+  of a run are merged once and validated once; when that fails, the layer that broke it is
+  found and named, so a bad value is reported with the params key that set it. Every
+  problem is one `ParamsError` whose message is one line naming the key;
 * expands an experiment into runs: sizes x conditions x seeds, where conditions come
   from named condition sets, inline lists and grids of axes;
 * writes each run's resolved config with `write_if_changed` (an unchanged run keeps its
@@ -15,15 +17,17 @@ Files written per experiment (at DAG-construction time, before any job):
 
     data/<exp>/config.yaml                 the data settings (input of prepare_data)
     runs/<exp>/<size>/<cond>/seed<seed>/config.yaml
-                                           the fully resolved run config (train, evals)
-    runs/<exp>/<size>/<cond>/seed<seed>/train-config.yaml
-                                           config.yaml minus the eval section: what the
-                                           trained weights depend on (input of train)
+                                           the run's training config (RunConfig: what the
+                                           trained weights depend on; input of train)
+    runs/<exp>/<size>/<cond>/seed<seed>/eval.yaml
+                                           the run's evaluation settings (EvalConfig;
+                                           input of its evaluations, --eval-config)
 
-where <cond> is `<readout>-<loss>-<regularizer>-<recurrence>`.
+where <cond> is the condition id `<readout>-<loss>-<regularizer>-<recurrence>`
+(`loopscale.registry.Condition.id`).
 
-The module imports only `loopscale.config` (no torch) so the DAG builds fast; the
-`python -m loopscale.pipeline` commands used inside jobs may import more.
+The module imports only `loopscale.config` and `loopscale.registry` (no torch) so the DAG
+builds fast; the `python -m loopscale.pipeline` commands used inside jobs may import more.
 """
 from __future__ import annotations
 
@@ -40,21 +44,19 @@ from typing import Any, Iterable, Optional
 
 import yaml
 
-from .config import (LOSSES, MODEL_PRESETS, READOUTS, RECURRENCES, REGULARIZERS, ConfigError, RunConfig,
-                     merge)
+from . import registry
+from .config import EVAL_PRESETS, MODEL_PRESETS, ConfigError, EvalConfig, RunConfig, merge
 from .io import atomic_write_text
+from .registry import AXES, AXIS_DEFAULTS, Condition, axis_values
 
-AXES = ("readout", "loss", "regularizer", "recurrence")
-AXIS_VALUES = {"readout": READOUTS, "loss": LOSSES, "regularizer": REGULARIZERS, "recurrence": RECURRENCES}
-AXIS_DEFAULTS = {"regularizer": "none", "recurrence": "residual"}
-DIAGNOSTICS = ("depth", "throughput", "norms", "radial", "lemma", "clamp", "halting")
+DIAGNOSTICS = tuple(registry.DIAGNOSTICS)
 NAME_RE = r"[A-Za-z0-9][A-Za-z0-9_.]*"  # experiment, size and condition-set names (path components), full match
 
 # wildcard constraints for the rules: tight, so odd values never reach a shell
 WILDCARDS = {
     "exp": NAME_RE,
     "size": NAME_RE,
-    "cond": "-".join("(?:" + "|".join(AXIS_VALUES[a]) + ")" for a in AXES),
+    "cond": "-".join("(?:" + "|".join(axis_values(a)) + ")" for a in AXES),
     "seed": r"[0-9]+",
     "diag": "|".join(DIAGNOSTICS),
 }
@@ -82,33 +84,31 @@ class LockedError(RuntimeError):
 # data model
 # ---------------------------------------------------------------------------
 @dataclass(frozen=True)
-class Condition:
-    readout: str
-    loss: str
-    regularizer: str = "none"
-    recurrence: str = "residual"
+class ConditionSpec:
+    """A condition as params.yaml defines it: the condition, its nested run overrides and the
+    params key that defined it."""
+    condition: Condition
     overrides: str = "{}"  # JSON of the nested overrides (hashable)
-    where: str = ""  # params key that defined it
+    where: str = ""
 
     @property
     def id(self) -> str:
-        return f"{self.readout}-{self.loss}-{self.regularizer}-{self.recurrence}"
+        return self.condition.id
 
     @property
     def override_dict(self) -> dict:
         return json.loads(self.overrides)
 
-    def axes(self) -> dict:
-        return {a: getattr(self, a) for a in AXES}
-
 
 @dataclass
-class Run:
+class PlannedRun:
+    """One run of an experiment: where it lives and the settings it is trained and evaluated with."""
     experiment: str
     size: str
     condition: Condition
     seed: int
     config: RunConfig
+    eval: EvalConfig
 
     @property
     def dir(self) -> str:
@@ -118,14 +118,14 @@ class Run:
 @dataclass
 class Experiment:
     name: str
-    runs: list[Run]
+    runs: list[PlannedRun]
     data: dict  # resolved DataConfig as a dict
     diagnostics: tuple[str, ...]
     gpu: int = 0
     description: str = ""
-    index: dict = field(default_factory=dict)  # (size, cond, seed) -> Run
+    index: dict = field(default_factory=dict)  # (size, cond, seed) -> PlannedRun
 
-    def run(self, size: str, cond: str, seed) -> Run:
+    def run(self, size: str, cond: str, seed) -> PlannedRun:
         try:
             return self.index[(size, cond, int(seed))]
         except (KeyError, ValueError):
@@ -164,8 +164,16 @@ def load_params(path: str | os.PathLike) -> dict:
 
 
 def load_schema(path: str | os.PathLike) -> dict:
+    """The params.yaml schema with its enums filled in from the registry (condition axes,
+    diagnostics) and the presets of loopscale.config."""
     with open(path) as f:
-        return yaml.load(f, Loader=_Loader)
+        schema = yaml.load(f, Loader=_Loader)
+    d = schema["$defs"]
+    for axis in AXES:
+        d[axis]["enum"] = list(axis_values(axis))
+    d["diagnostics"]["items"]["enum"] = list(DIAGNOSTICS)
+    d["size"]["properties"]["preset"]["enum"] = list(MODEL_PRESETS)
+    return schema
 
 
 def _key(path: Iterable) -> str:
@@ -207,23 +215,23 @@ def check_schema(params: dict, schema: dict, source: str = "params.yaml") -> Non
 # ---------------------------------------------------------------------------
 # conditions
 # ---------------------------------------------------------------------------
-def _condition(item: dict, where: str) -> Condition:
+def _condition(item: dict, where: str) -> ConditionSpec:
     axes = {a: item.get(a, AXIS_DEFAULTS.get(a)) for a in AXES}
     for a in AXES:
         if axes[a] is None:
             raise ParamsError(f"{where}.{a}: required key is missing")
-        if axes[a] not in AXIS_VALUES[a]:
-            raise ParamsError(f"{where}.{a}: unknown value {axes[a]!r}; choose one of {', '.join(AXIS_VALUES[a])}")
+        if axes[a] not in axis_values(a):
+            raise ParamsError(f"{where}.{a}: unknown value {axes[a]!r}; choose one of {', '.join(axis_values(a))}")
     overrides = item.get("overrides") or {}
-    return Condition(**axes, overrides=json.dumps(overrides, sort_keys=True), where=where)
+    return ConditionSpec(Condition.of(**axes), overrides=json.dumps(overrides, sort_keys=True), where=where)
 
 
-def expand_conditions(spec: Any, sets: dict, where: str, _stack: tuple = ()) -> list[Condition]:
+def expand_conditions(spec: Any, sets: dict, where: str, _stack: tuple = ()) -> list[ConditionSpec]:
     """A condition spec -> list of conditions (order kept, exact duplicates dropped).
 
     spec: a condition-set name | a condition {readout, loss, regularizer?, recurrence?,
     overrides?} | a grid {grid: {axis: [values]}, overrides?} | a list of those."""
-    out: list[Condition] = []
+    out: list[ConditionSpec] = []
     if isinstance(spec, str):
         if spec not in sets:
             choices = ", ".join(sets) or "(none defined)"
@@ -253,8 +261,8 @@ def expand_conditions(spec: Any, sets: dict, where: str, _stack: tuple = ()) -> 
     return _dedupe(out)
 
 
-def _dedupe(conds: list[Condition]) -> list[Condition]:
-    seen: dict[str, Condition] = {}
+def _dedupe(conds: list[ConditionSpec]) -> list[ConditionSpec]:
+    seen: dict[str, ConditionSpec] = {}
     out = []
     for c in conds:
         prev = seen.get(c.id)
@@ -270,26 +278,44 @@ def _dedupe(conds: list[Condition]) -> list[Condition]:
 # ---------------------------------------------------------------------------
 # run configs
 # ---------------------------------------------------------------------------
-def _layer(base: dict, update: Optional[dict], where: str, section: str = "") -> dict:
-    """Merge one params layer into a config dict and check it, blaming `where` for errors."""
-    if not update:
-        return base
-    patch = {section: update} if section else update
+Layer = tuple[str, str, dict]  # (params key that set it, the config section it patches or "", patch)
+
+
+def _split_eval(overrides: Optional[dict]) -> tuple[dict, dict]:
+    """Nested run overrides -> (training part, `eval` part)."""
+    d = dict(overrides or {})
+    ev = d.pop("eval", None) or {}
+    return d, ev
+
+
+def _merge_layers(base: dict, layers: list[Layer]) -> dict:
+    """Merge the layers in order; an unknown key is named by its full params key."""
+    for where, section, patch in layers:
+        if not patch:
+            continue
+        try:
+            if section:
+                base = {**base, section: merge(base[section], patch, where)}
+            else:
+                base = merge(base, patch, where)
+        except ConfigError as e:
+            raise ParamsError(str(e)) from None
+    return base
+
+
+def _build(cls, base: dict, layers: list[Layer], what: str):
+    """Merge once, validate once. When validation fails, the first layer whose addition
+    breaks it is named (`<params key>: <problem>`)."""
     try:
-        if section and section not in base:
-            raise ConfigError(f"unknown section {section!r}")
-        if section:
-            merged = dict(base)
-            merged[section] = merge(base[section], update, where)
-        else:
-            merged = merge(base, patch, where)
-        RunConfig.from_dict(merged)
+        return cls.from_dict(_merge_layers(base, layers))
     except ConfigError as e:
-        msg = str(e)
-        if msg.startswith(f"unknown key '{where}."):  # merge() already named the full params key
-            raise ParamsError(msg) from None
-        raise ParamsError(f"{where}: {msg}") from None
-    return merged
+        error = e
+    for n in range(1, len(layers) + 1):
+        try:
+            cls.from_dict(_merge_layers(base, layers[:n]))
+        except ConfigError as e:
+            raise ParamsError(f"{layers[n - 1][0]}: {e}") from None
+    raise ParamsError(f"{what}: {error}") from None
 
 
 def build_experiment(params: dict, name: str) -> Experiment:
@@ -304,29 +330,35 @@ def build_experiment(params: dict, name: str) -> Experiment:
     runs, data, data_from = [], None, None
     for size, spec in exp["sizes"].items():
         swhere = f"{where}.sizes.{size}"
-        if spec["preset"] not in MODEL_PRESETS:
-            raise ParamsError(f"{swhere}.preset: unknown value {spec['preset']!r}; "
-                              f"choose one of {', '.join(MODEL_PRESETS)}")
-        base = merge(RunConfig().to_dict(), MODEL_PRESETS[spec["preset"]])
-        for section in ("data", "train", "eval"):
-            base = _layer(base, exp.get(section), f"{where}.{section}", section)
-        base = _layer(base, spec.get("overrides"), f"{swhere}.overrides")
+        preset = spec["preset"]
+        if preset not in MODEL_PRESETS:
+            raise ParamsError(f"{swhere}.preset: unknown value {preset!r}; choose one of {', '.join(MODEL_PRESETS)}")
+        size_train, size_eval = _split_eval(spec.get("overrides"))
+        size_layers = [(f"{swhere}.preset", "", MODEL_PRESETS[preset]), (f"{where}.data", "data", exp.get("data")),
+                       (f"{where}.train", "train", exp.get("train")), (f"{swhere}.overrides", "", size_train)]
+        size_data = _merge_layers(RunConfig().to_dict(), size_layers)["data"]
         if data is None:
-            data, data_from = base["data"], swhere
-        elif base["data"] != data:
+            data, data_from = size_data, swhere
+        elif size_data != data:
             raise ParamsError(f"{swhere}: its data settings differ from those of {data_from}; an experiment "
                               f"prepares one corpus: set them in {where}.data")
-        for cond in conditions:
-            cfg = merge(base, {"model": {"readout": cond.readout, "recurrence": cond.recurrence},
-                               "objective": {"loss": cond.loss, "regularizer": cond.regularizer}})
-            cfg = _layer(cfg, cond.override_dict, f"{cond.where}.overrides")
+        for cs in conditions:
+            c = cs.condition
+            cond_train, cond_eval = _split_eval(cs.override_dict)
+            if "data" in cond_train:
+                raise ParamsError(f"{cs.where}.overrides.data: an experiment prepares one corpus: set data "
+                                  f"settings in {where}.data")
+            ev = _build(EvalConfig, EvalConfig().to_dict(), [
+                (f"{swhere}.preset", "", EVAL_PRESETS[preset]), (f"{where}.eval", "", exp.get("eval")),
+                (f"{swhere}.overrides.eval", "", size_eval), (f"{cs.where}.overrides.eval", "", cond_eval)],
+                f"{swhere} x {c.id}")
+            axes = {"model": {"readout": c.readout, "recurrence": c.recurrence},
+                    "objective": {"loss": c.loss, "regularizer": c.regularizer}}
             for seed in seeds:
-                cfg_s = merge(cfg, {"train": {"seed": seed}})
-                try:
-                    rc = RunConfig.from_dict(cfg_s)
-                except ConfigError as e:
-                    raise ParamsError(f"{swhere} x {cond.id} x seed {seed}: {e}") from None
-                runs.append(Run(name, size, cond, int(seed), rc))
+                rc = _build(RunConfig, RunConfig().to_dict(), size_layers + [
+                    (cs.where, "", axes), (f"{cs.where}.overrides", "", cond_train),
+                    (f"{where}.seeds", "train", {"seed": seed})], f"{swhere} x {c.id} x seed {seed}")
+                runs.append(PlannedRun(name, size, Condition.from_config(rc.to_dict()), int(seed), rc, ev))
     e = Experiment(name=name, runs=runs, data=data, diagnostics=diagnostics, gpu=int(exp.get("gpu", 0)),
                    description=exp.get("description", ""))
     e.index = {(r.size, r.condition.id, r.seed): r for r in runs}
@@ -411,15 +443,12 @@ def lock_experiment(name: str, root: str | os.PathLike = "."):
 _HEADER = "# Written by the pipeline from params.yaml ({what}); do not edit: edit params.yaml.\n"
 
 
-def config_texts(run: Run) -> tuple[str, str]:
-    """(config.yaml, train-config.yaml) texts of a run."""
-    d = run.config.to_dict()
-    full = _HEADER.format(what=f"experiment {run.experiment}, run {run.size}/{run.condition.id}/seed{run.seed}")
-    full += _dump(d)
-    train_only = {k: v for k, v in d.items() if k != "eval"}
-    tr = _HEADER.format(what="the settings the trained weights depend on: config.yaml minus eval")
-    tr += _dump(train_only)
-    return full, tr
+def config_texts(run: PlannedRun) -> tuple[str, str]:
+    """(config.yaml, eval.yaml) texts of a run: its training config and its evaluation settings."""
+    what = f"experiment {run.experiment}, run {run.size}/{run.condition.id}/seed{run.seed}"
+    train = _HEADER.format(what=f"{what}: training config, input of `loopscale train --config`")
+    ev = _HEADER.format(what=f"{what}: evaluation settings, input of `loopscale eval --eval-config`")
+    return train + _dump(run.config.to_dict()), ev + _dump(run.eval.to_dict())
 
 
 def materialize(exp: Experiment, root: str | os.PathLike = ".") -> list[str]:
@@ -432,8 +461,7 @@ def materialize(exp: Experiment, root: str | os.PathLike = ".") -> list[str]:
     if write_if_changed(root / exp.data_dir / "config.yaml", text):
         written.append(f"{exp.data_dir}/config.yaml")
     for run in exp.runs:
-        full, tr = config_texts(run)
-        for name, t in (("config.yaml", full), ("train-config.yaml", tr)):
+        for name, t in zip(("config.yaml", "eval.yaml"), config_texts(run)):
             if write_if_changed(root / run.dir / name, t):
                 written.append(f"{run.dir}/{name}")
     return written

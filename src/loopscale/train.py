@@ -44,7 +44,7 @@ logger = logging.getLogger("loopscale.train")
 
 # settings that may change between a checkpoint and its resumption without changing results
 _RESUME_FREE = {"max_steps", "epochs", "log_every", "ckpt_every", "eval_every", "eval_tokens",
-                "device", "threads", "compile", "activation_checkpointing", "tensorboard"}
+                "eval_batch_size", "device", "threads", "compile", "activation_checkpointing", "tensorboard"}
 
 
 def _progress_line(rec: dict, total_steps: int, tokens_per_step: int) -> str:
@@ -72,7 +72,7 @@ class Preempted(RuntimeError):
 def resume_comparable(cfg: dict) -> dict:
     """The part of a config dict that must match between a checkpoint and its resumption."""
     d = json.loads(json.dumps(cfg))
-    d.pop("eval", None)
+    d.pop("eval", None)  # checkpoints written before evaluation settings left the run config
     for k in _RESUME_FREE:
         d.get("train", {}).pop(k, None)
     return d
@@ -246,7 +246,7 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
                 "elapsed": elapsed_before + time.time() - t0, "status": status}
 
     def validate() -> dict:
-        r = exit_losses(model, val_tokens, cfg.eval.batch_size, tc.eval_tokens, device=device)
+        r = exit_losses(model, val_tokens, tc.eval_batch_size, tc.eval_tokens, device=device)
         return {"step": step, "split": "validation", "tokens": r["tokens"], "val_ce": r["ce"],
                 "val_norm": r["norm"]}
 

@@ -1,9 +1,9 @@
 # Settings and helpers shared by the stages (functions only; the stages hold the rules).
 #
 # params.yaml is read and validated in full here, before any job: the JSON schema
-# (workflow/schemas/params.schema.yaml), then every run's RunConfig is built with
-# loopscale.config. A problem stops Snakemake with one line naming the key.
-# Then every run's resolved config is written with write-if-changed (unchanged runs keep
+# (workflow/schemas/params.schema.yaml), then every run's RunConfig and EvalConfig are
+# built with loopscale.config. A problem stops Snakemake with one line naming the key.
+# Then every run's config.yaml (training) and eval.yaml (evaluation) are written with write-if-changed (unchanged runs keep
 # their files and mtimes). Those files are rule inputs, so a changed setting reruns
 # exactly the runs it changes, also in a fresh clone without .snakemake/ metadata.
 #
@@ -15,7 +15,6 @@
 # Job processes that parse this file again (cluster jobs) write nothing.
 import os
 import re
-import shlex
 import sys
 
 from loopscale import pipeline as P
@@ -74,10 +73,3 @@ def run_dirs(wc):
 
 def job_threads(wc):
     return run_of(wc).config.train.threads or 1
-
-
-def eval_sets(wc):
-    """The run's eval settings as `--set eval.KEY=VALUE` arguments for `loopscale eval`
-    (each one shell-quoted)."""
-    ev = run_of(wc).config.to_dict()["eval"]
-    return " ".join(f"--set {shlex.quote(f'eval.{k}={v}')}" for k, v in ev.items())

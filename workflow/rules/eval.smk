@@ -1,8 +1,8 @@
 # Stage 3: one evaluation job per trained run: `loopscale eval all --only <diagnostics>`
 # runs the experiment's diagnostics in one process, loading the model once (one GPU
 # allocation per run on a cluster). Inputs: the run's summary.json and model.pt (the
-# training job's outputs), its config.yaml (its eval settings are passed with --set, so
-# an edited eval setting reruns the evaluations, not training) and the evaluation code.
+# training job's outputs), its eval.yaml (its evaluation settings, --eval-config, so an
+# edited eval setting reruns the evaluations, not training) and the evaluation code.
 # A failed run (summary.json status "failed") or a diverged one gets result files with
 # that status, written by `loopscale eval` without evaluating, so the grid completes.
 # --threads follows the job's threads (no oversubscription, the same numbers on any host).
@@ -13,7 +13,7 @@ rule eval:
     input:
         summary="runs/{exp}/{size}/{cond}/seed{seed}/summary.json",
         model="runs/{exp}/{size}/{cond}/seed{seed}/model.pt",
-        config="runs/{exp}/{size}/{cond}/seed{seed}/config.yaml",
+        eval_config="runs/{exp}/{size}/{cond}/seed{seed}/eval.yaml",
         data=rules.prepare_data.output,
         code=EVAL_CODE,
     output:
@@ -24,7 +24,6 @@ rule eval:
         data=data_dir_of,
         outdir=lambda wc, output: os.path.dirname(output[0]),
         only=",".join(EXP.diagnostics),
-        sets=eval_sets,
     threads: job_threads
     resources:
         gpu=EXP.gpu,
@@ -32,4 +31,4 @@ rule eval:
         "../envs/loopscale.yaml"
     shell:
         "loopscale eval all --model {input.model:q} --data {params.data:q} --outdir {params.outdir:q}"
-        " --only {params.only:q} --threads {threads} -q {params.sets} > {log:q} 2>&1"
+        " --only {params.only:q} --threads {threads} -q --eval-config {input.eval_config:q} > {log:q} 2>&1"

@@ -1,9 +1,8 @@
 # Stage 2: one training job per run (experiment x size x condition x seed).
 #
-# Input: RUN/train-config.yaml (the resolved config minus eval settings, written by
-# common.smk), so a changed setting retrains exactly the runs it changes while an eval
-# setting reruns only the evaluations. The job trains from RUN/config.yaml (the same
-# settings plus eval; deliberately not an input), so model.pt carries the full config.
+# Input: RUN/config.yaml (the run's training config, written by common.smk), so a changed
+# setting retrains exactly the runs it changes; the evaluation settings live in
+# RUN/eval.yaml, an input of the evaluations only.
 #
 # Outputs: summary.json and model.pt, which every outcome writes (completed | diverged |
 # failed: with --record-failure a crash is recorded in both, model.pt then holding no
@@ -21,7 +20,7 @@
 rule train:
     """Train one run; a crash is recorded as status "failed" (exit 0)."""
     input:
-        config="runs/{exp}/{size}/{cond}/seed{seed}/train-config.yaml",
+        config="runs/{exp}/{size}/{cond}/seed{seed}/config.yaml",
         data=rules.prepare_data.output,
         code=TRAIN_CODE,
     output:
@@ -31,7 +30,6 @@ rule train:
         "logs/{exp}/{size}/{cond}/seed{seed}/train.log",
     params:
         run=run_dir_of,
-        full_config=lambda wc, input: os.path.join(os.path.dirname(input.config), "config.yaml"),
         data=data_dir_of,
     threads: job_threads
     resources:
@@ -39,5 +37,5 @@ rule train:
     conda:
         "../envs/loopscale.yaml"
     shell:
-        "loopscale train --config {params.full_config:q} --data {params.data:q} --out {params.run:q}"
+        "loopscale train --config {input.config:q} --data {params.data:q} --out {params.run:q}"
         " -q --record-failure --drop-stale-state > {log:q} 2>&1"

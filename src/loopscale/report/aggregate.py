@@ -22,7 +22,8 @@ from ..io import atomic_write_text
 from ..runtime import ppl
 from . import paper
 from .fmt import EMPTY, md_table, num, pm
-from .runs import Condition, Run, Size, finite
+from ..registry import Condition, condition
+from .runs import Run, Size, finite
 
 
 # ---------------------------------------------------------------------------
@@ -121,7 +122,7 @@ def throughput_curve(run: Run) -> Optional[list]:
 def _loops(d: Optional[dict]) -> Optional[list]:
     if not d:
         return None
-    rows = d.get("loops", d.get("per_loop"))
+    rows = d.get("loops")
     return rows if isinstance(rows, list) else None
 
 
@@ -129,7 +130,7 @@ def norm_loops(run: Run) -> Optional[list]:
     """[{k, norm}] from eval/norms.json (mean per-token ‖H_k‖), else the exits' norms."""
     rows = _loops(run.diag("norms"))
     if rows:
-        return [{"k": r.get("k"), "norm": r.get("norm", r.get("mean"))} for r in rows]
+        return [{"k": r.get("k"), "norm": r.get("norm")} for r in rows]
     ex, _ = exits(run)
     return [{"k": r["k"], "norm": r.get("norm")} for r in ex] if ex else None
 
@@ -149,10 +150,7 @@ def radial_loops(run: Run) -> Optional[list]:
     return _loops(run.diag("radial"))
 
 
-_LEMMA_KEYS = {"scale": ("scale", "s_mean"), "radial_increment": ("radial_increment", "ds_mean"),
-               "relative_increment": ("relative_increment",),
-               "angular_update": ("angular_update", "du_mean"),
-               "angular_times_scale": ("angular_times_scale", "du_times_s")}
+_LEMMA_KEYS = ("scale", "radial_increment", "relative_increment", "angular_update", "angular_times_scale")
 
 
 def lemma_loops(run: Run) -> Optional[list]:
@@ -162,8 +160,8 @@ def lemma_loops(run: Run) -> Optional[list]:
     out = []
     for r in rows:
         row = {"k": r.get("k")}
-        for key, names in _LEMMA_KEYS.items():
-            row[key] = next((r[n] for n in names if n in r), math.nan)
+        for key in _LEMMA_KEYS:
+            row[key] = r.get(key, math.nan)
         out.append(row)
     return out
 
@@ -352,12 +350,7 @@ def depth_table(groups: list[Group]) -> Table:
                            tp_rows)
     md += "\nPaper reference (the paper's 129M results; K=4, three-seed means, PPL over the paper's regex tokens):\n\n"
     md += md_table(["Condition", "k=1", "k=2", "k=3", "k=4"],
-                   [[f"per-loop CE + {c}", *(f"{v:.2f}" for v in ppl)] for c, ppl in
-                    (("RMSNorm readout", paper.PPL_129M[("rmsnorm", "per_loop", "none", "residual")]),
-                     ("raw readout", paper.PPL_129M[("raw", "per_loop", "none", "residual")]),
-                     ("final-only norm", paper.PPL_129M[("final_norm", "per_loop", "none", "residual")]),
-                     ("RMSNorm readout + norm penalty", paper.PPL_129M[("rmsnorm", "per_loop", "norm_penalty",
-                                                                         "residual")]))] +
+                   [[condition(*base).label, *(f"{v:.2f}" for v in ppl)] for base, ppl in paper.PPL_129M.items()] +
                    [["throughput (tokens/s, L40S)", *(f"{v:,}" for v in paper.THROUGHPUT_129M)]])
     md += _notes("\nmean ± std over seeds.\n",
                  _missing_note(groups, "depth"), _missing_note(groups, "throughput"), _excluded_note(groups))
@@ -555,7 +548,7 @@ def halting_table(groups: list[Group]) -> Table:
 
 
 def runs_table(runs: list[Run], root: Optional[Path] = None) -> Table:
-    from .runs import DIAGNOSTICS
+    from ..registry import DIAGNOSTICS
     rows, md_rows = [], []
     for r in runs:
         fe = final_exit(r) if r.completed else {"ppl": math.nan, "norm": math.nan, "source": "none"}

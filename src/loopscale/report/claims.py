@@ -15,7 +15,7 @@ seed). The verdict states both:
 A seed enters the count only when the rule can be evaluated on it (every condition the rule
 needs has a completed run with that seed).
 
-Conditions are matched by readout × loss × regulariser × recurrence within one model size
+Conditions are matched by readout × loss × regularizer × recurrence within one model size
 (so depth K, width d and data are matched). Values are seed means over completed runs only;
 diverged and failed runs never enter them.
 
@@ -47,7 +47,8 @@ from typing import Optional
 from . import paper
 from .aggregate import Group, clamp_modes, exits, final_exit, radial_loops, stats
 from .fmt import num
-from .runs import Condition, Size, condition, finite
+from ..registry import Condition, condition
+from .runs import Size, finite
 
 REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced"
@@ -268,7 +269,7 @@ def claim_radial(t: dict) -> ClaimResult:
     rule = (f"max over loops of every RMSNorm/LayerNorm-readout condition ≤ {RADIAL_INVISIBLE_MAX:.0e} and the mean "
             f"over loops of every raw-readout condition ≥ {RADIAL_VISIBLE_MIN:.0e}")
     inv_conds = sorted((c for c in t if c.scale_invariant_readout), key=Condition.sort_key)
-    vis_conds = sorted((c for c in t if c.readout == "raw"), key=Condition.sort_key)
+    vis_conds = sorted((c for c in t if c.raw_readout), key=Condition.sort_key)
     inv, miss_i = _present(t, inv_conds, "radial")
     vis, miss_v = _present(t, vis_conds, "radial")
     why = []

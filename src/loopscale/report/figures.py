@@ -1,8 +1,8 @@
 """Figures (matplotlib, Agg backend, PNG), one file per figure, one panel per model size.
 
-Every figure uses the same colour per condition (`colour(cond)`) and the same line style
-per loss (solid: per-loop CE, dashed: terminal CE), so conditions can be followed across
-figures. Only completed runs are drawn; seed means are lines, single seeds faint points.
+Every figure draws a condition with its registry style (`loopscale.registry.Condition`:
+a fixed colour-blind-safe Okabe–Ito colour per condition, a line style and marker per
+readout), so conditions can be followed across figures. Only completed runs are drawn; seed means are lines, single seeds faint points.
 """
 from __future__ import annotations
 
@@ -21,47 +21,23 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormat
 from ..io import atomic_write
 from .aggregate import (Group, depth_curve, exits, final_exit, group_runs, lemma_loops, norm_histogram, norm_loops,
                         radial_loops, stats, throughput_curve, training_norms)
-from .runs import CANONICAL_ORDER, Condition, Run, finite, _LOSS_ORDER, _READOUT_ORDER, _REC_ORDER, _REG_ORDER
+from ..registry import READOUTS, Condition
+from .runs import Run, finite
+
 
 # ---------------------------------------------------------------------------
-# style
+# style: the registry's, per condition
 # ---------------------------------------------------------------------------
-_TAB10 = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-          "#17becf"]
-# fixed colours of the main conditions (independent of which runs are present)
-_FIXED = {
-    ("rmsnorm", "per_loop", "none", "residual"): "#d62728",  # the drifting model: red
-    ("raw", "per_loop", "none", "residual"): "#1f77b4",
-    ("final_norm", "per_loop", "none", "residual"): "#2ca02c",
-    ("rmsnorm", "per_loop", "norm_penalty", "residual"): "#9467bd",
-    ("layernorm", "per_loop", "none", "residual"): "#ff7f0e",
-    ("rmsnorm", "per_loop", "none", "inter_loop_norm"): "#17becf",
-    ("rmsnorm", "terminal", "none", "residual"): "#8c564b",
-    ("raw", "terminal", "none", "residual"): "#7f7f7f",
-    ("rmsnorm", "terminal", "norm_penalty", "residual"): "#e377c2",
-    ("layernorm", "terminal", "none", "residual"): "#bcbd22",
-}
-_EXTRA = ["#393b79", "#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d", "#31a354", "#756bb1",
-          "#636363", "#6baed6", "#fd8d3c", "#74c476", "#9e9ac8", "#969696", "#9c9ede", "#cedb9c", "#e7ba52",
-          "#e7969c", "#de9ed6", "#17becf", "#bcbd22"]
-_ALL_BASES = [(rd, ls, rg, rc) for ls in _LOSS_ORDER for rd in _READOUT_ORDER for rg in _REG_ORDER for rc in _REC_ORDER]
-
-
 def colour(cond: Condition) -> str:
-    if cond.base in _FIXED and (cond.regularizer != "norm_penalty" or cond.penalty_weight == 0.01):
-        return _FIXED[cond.base]
-    others = [b for b in _ALL_BASES if b not in _FIXED]
-    i = others.index(cond.base) if cond.base in others else len(others)
-    i += int(round(cond.penalty_weight * 1000)) if cond.regularizer == "norm_penalty" else 0
-    return _EXTRA[i % len(_EXTRA)]
+    return cond.colour
 
 
-def linestyle(cond: Condition) -> str:
-    return "--" if cond.loss == "terminal" else "-"
+def linestyle(cond: Condition):
+    return cond.linestyle
 
 
 def marker(cond: Condition) -> str:
-    return {"rmsnorm": "o", "raw": "s", "final_norm": "^", "layernorm": "D"}.get(cond.readout, "x")
+    return cond.marker
 
 
 plt.rcParams.update({"font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "legend.fontsize": 8,
@@ -288,7 +264,8 @@ def fig_ppl_depth(groups: list[Group], path: Path) -> Path:
                 vals += m
                 at_k += [v for k, v in zip(ks, m) if k == size.n_loops]
             ke, me, _ = _k_mean(g, lambda r: exits(r)[0], "ppl")
-            if ke and g.cond.readout == "final_norm":  # its exits k<K use another readout
+            spec = g.cond.readout_spec
+            if ke and spec is not None and spec.exits_differ:  # its exits k<K use another readout
                 ax.plot(ke, me, color=colour(g.cond), ls=":", marker=marker(g.cond), ms=4, mfc="none", lw=1.2)
                 vals += me
             elif ke and not ks:
@@ -305,9 +282,18 @@ def fig_ppl_depth(groups: list[Group], path: Path) -> Path:
         ax.set_title(f"Validation PPL vs depth — {size.label}")
         ax.set_xlabel("loops k (final readout; k > K_train extrapolated)")
         ax.set_ylabel("validation perplexity")
-    extra = [Line2D([], [], color="0.3", ls=":", marker="^", mfc="none", label="final-only norm: exits k<K (raw readout)")]
-    _legend(fig, groups, extra if any(g.cond.readout == "final_norm" and g.used for g in groups) else None)
+    differ = dict.fromkeys(g.cond.readout for g in groups
+                           if g.used and g.cond.readout_spec is not None and g.cond.readout_spec.exits_differ)
+    extra = [Line2D([], [], color="0.3", ls=":", marker=READOUTS[r].marker, mfc="none",
+                    label=f"{READOUTS[r].label}: exits k<K ({_exit_readout_label(READOUTS[r])})") for r in differ]
+    _legend(fig, groups, extra or None)
     return _save(fig, path)
+
+
+def _exit_readout_label(spec) -> str:
+    """What a readout whose exits differ applies at the exits k < K, in words."""
+    name = spec.norm_at(1, 2)
+    return READOUTS[name].label if name in READOUTS else name
 
 
 def fig_frontier(groups: list[Group], path: Path) -> Path:

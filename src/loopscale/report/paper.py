@@ -1,7 +1,7 @@
 """The paper's headline numbers (abstract, Table 1 and its 129M per-exit results), used as reference columns."""
 from __future__ import annotations
 
-from .runs import Condition
+from ..registry import Condition
 
 # final ‖H_K‖ of per-loop CE + RMSNorm readout
 NORM_K_PER_LOOP_RMSNORM = {"44M": 39207, "129M": 56051}
@@ -29,7 +29,7 @@ _SCALE_VISIBLE = {("raw", "terminal", "none", "residual"), ("raw", "per_loop", "
 
 def reference(cond: Condition) -> dict:
     """The paper's numbers for this condition, where it reports any."""
-    ppl = PPL_129M.get(cond.base) if cond.regularizer == "none" or cond.penalty_weight == 0.01 else None
+    ppl = PPL_129M.get(cond.base) if cond.paper_penalty else None
     if cond.base == ("rmsnorm", "per_loop", "none", "residual"):
         norm = f"{NORM_K_PER_LOOP_RMSNORM['44M']:,} (44M) / {NORM_K_PER_LOOP_RMSNORM['129M']:,} (129M)"
     elif cond.base in _SCALE_VISIBLE:

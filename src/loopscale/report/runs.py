@@ -15,91 +15,7 @@ from typing import Any, Optional
 
 import yaml
 
-DIAGNOSTICS = ("depth", "throughput", "norms", "radial", "lemma", "clamp", "halting")
-
-# -- conditions -------------------------------------------------------------------------
-_READOUT_LABEL = {"rmsnorm": "RMSNorm readout", "layernorm": "LayerNorm readout", "raw": "raw readout",
-                  "final_norm": "final-only norm"}
-_LOSS_LABEL = {"per_loop": "per-loop CE", "terminal": "terminal CE"}
-_READOUT_ORDER = ("rmsnorm", "raw", "final_norm", "layernorm")
-_LOSS_ORDER = ("terminal", "per_loop")
-_REG_ORDER = ("none", "norm_penalty")
-_REC_ORDER = ("residual", "inter_loop_norm")
-DEFAULT_PENALTY = 0.01
-
-# the paper's seven Table-1 conditions first, in the paper's order, then loopscale's additions
-CANONICAL_ORDER = (
-    ("rmsnorm", "terminal", "none", "residual"),
-    ("raw", "terminal", "none", "residual"),
-    ("rmsnorm", "per_loop", "none", "residual"),
-    ("raw", "per_loop", "none", "residual"),
-    ("final_norm", "per_loop", "none", "residual"),
-    ("rmsnorm", "terminal", "norm_penalty", "residual"),
-    ("rmsnorm", "per_loop", "norm_penalty", "residual"),
-    ("layernorm", "per_loop", "none", "residual"),
-    ("rmsnorm", "per_loop", "none", "inter_loop_norm"),
-    ("layernorm", "terminal", "none", "residual"),
-)
-
-
-@dataclass(frozen=True, order=True)
-class Condition:
-    """One training condition: readout × loss × regulariser × recurrence (+ λ of the penalty)."""
-    readout: str
-    loss: str
-    regularizer: str = "none"
-    recurrence: str = "residual"
-    penalty_weight: float = 0.0  # 0 unless regularizer == norm_penalty
-
-    @property
-    def base(self) -> tuple:
-        return (self.readout, self.loss, self.regularizer, self.recurrence)
-
-    @property
-    def slug(self) -> str:
-        s = "-".join(self.base)
-        if self.regularizer == "norm_penalty" and self.penalty_weight != DEFAULT_PENALTY:
-            s += f"-lambda{self.penalty_weight:g}"
-        return s
-
-    @property
-    def label(self) -> str:
-        """The paper's wording: 'per-loop CE + RMSNorm readout', '... + norm penalty', ..."""
-        if self.readout == "?" and self.loss == "?":
-            return "unknown condition (no readable config)"
-        parts = [_LOSS_LABEL.get(self.loss, self.loss), _READOUT_LABEL.get(self.readout, self.readout)]
-        if self.regularizer == "norm_penalty":
-            lam = "" if self.penalty_weight == DEFAULT_PENALTY else f" (λ={self.penalty_weight:g})"
-            parts.append("norm penalty" + lam)
-        elif self.regularizer != "none":
-            parts.append(self.regularizer)
-        if self.recurrence == "inter_loop_norm":
-            parts.append("inter-loop norm")
-        elif self.recurrence != "residual":
-            parts.append(self.recurrence)
-        return " + ".join(parts)
-
-    @property
-    def scale_invariant_readout(self) -> bool:
-        """Every exit of the readout is scale-invariant (r(αH) = r(H))."""
-        return self.readout in ("rmsnorm", "layernorm")
-
-    def sort_key(self) -> tuple:
-        if self.base in CANONICAL_ORDER:
-            return (0, CANONICAL_ORDER.index(self.base), self.penalty_weight)
-        return (1, _idx(_LOSS_ORDER, self.loss), _idx(_READOUT_ORDER, self.readout),
-                _idx(_REG_ORDER, self.regularizer), _idx(_REC_ORDER, self.recurrence), self.penalty_weight,
-                self.base)
-
-
-def _idx(seq, v) -> int:
-    return seq.index(v) if v in seq else len(seq)
-
-
-def condition(readout: str, loss: str, regularizer: str = "none", recurrence: str = "residual",
-              penalty_weight: float = DEFAULT_PENALTY) -> Condition:
-    return Condition(readout, loss, regularizer, recurrence,
-                     float(penalty_weight) if regularizer == "norm_penalty" else 0.0)
+from ..registry import DIAGNOSTICS, Condition
 
 
 # -- sizes ------------------------------------------------------------------------------
@@ -168,7 +84,6 @@ class Run:
     status: str  # completed | diverged | failed
     note: str  # human-readable status: "completed", "diverged at step 412", "failed: ..."
     metrics: list = field(default_factory=list)  # training log records
-    validation_log: list = field(default_factory=list)  # in-training validation records
     evals: dict = field(default_factory=dict)  # diag name -> payload (only files that parsed)
 
     # convenience accessors ---------------------------------------------------------------
@@ -177,9 +92,7 @@ class Run:
 
     @property
     def condition(self) -> Condition:
-        return condition(self.cfg("model", "readout", "?"), self.cfg("objective", "loss", "?"),
-                         self.cfg("objective", "regularizer", "none"), self.cfg("model", "recurrence", "residual"),
-                         self.cfg("objective", "penalty_weight", DEFAULT_PENALTY))
+        return Condition.from_config(self.config)
 
     @property
     def seed(self) -> Optional[int]:
@@ -271,15 +184,14 @@ def load_run(path: str | os.PathLike) -> Run:
         note += " (no readable config)"
     records = _read_jsonl(path / "metrics.jsonl")
     metrics = [r for r in records if isinstance(r, dict) and r.get("split") is None and "norm" in r]
-    val_log = [r for r in records if isinstance(r, dict) and r.get("split") == "validation"]
     evals = {}
     for name in DIAGNOSTICS:
-        p = path / "eval" / f"{name}.json"
+        p = path / DIAGNOSTICS[name].file
         if p.exists():
             d = _read_json(p)
             evals[name] = d if isinstance(d, dict) else {"status": "unreadable"}
     return Run(path=path, config=config, env=env, data=data, summary=summary, status=status, note=note,
-               metrics=metrics, validation_log=val_log, evals=evals)
+               metrics=metrics, evals=evals)
 
 
 def load_runs(paths) -> list[Run]:

@@ -1,0 +1,293 @@
+"""The concepts of loopscale, each defined once.
+
+One registry per axis of a training condition (readouts, losses, regularizers,
+recurrences), one of the diagnostics, and the one `Condition` type: a point of the
+condition grid with its id (the run directory name), its label (the paper's wording), its
+place in the canonical order of tables and its colour, line style and marker in figures.
+
+Everything else reads these: the allowed values of `loopscale.config`, the params.yaml
+schema's enums (filled in by `loopscale.pipeline.load_schema`), the pipeline's wildcards,
+the evaluation command line, the readout of `loopscale.model.LoopedLM` and every table and
+figure of `loopscale.report`. So adding a readout touches this file (its entry) and, when
+its norms are not RMSNorm/LayerNorm, the model's `make_norm`.
+
+Imports nothing heavy (no torch): the pipeline builds its DAG from it.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from typing import Optional, Union
+
+PAPER_PENALTY_WEIGHT = 0.01  # λ of the norm penalty in the paper (Table 1)
+OTHER = 99  # order of entries that do not set one: after the paper's
+
+
+# ---------------------------------------------------------------------------
+# the four axes of a condition
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Readout:
+    """r(H_k): what the tied head reads at exit k. `exit_norm` is the norm applied at the
+    exits k < K of a pass, `final_norm` the one at exit K (None: the raw state)."""
+    name: str
+    label: str  # in tables and legends
+    exit_norm: Optional[str]  # "rmsnorm" | "layernorm" | None (raw)
+    final_norm: Optional[str]
+    description: str
+    order: int = OTHER  # place among readouts in the report (after the canonical conditions)
+    linestyle: Union[str, tuple] = "-"  # matplotlib line style of its conditions
+    marker: str = "x"
+
+    def __post_init__(self):
+        if None not in (self.exit_norm, self.final_norm) and self.exit_norm != self.final_norm:
+            raise ValueError(f"readout {self.name}: one norm kind per readout (the model keeps one norm)")
+
+    @property
+    def norm(self) -> Optional[str]:
+        """The norm module the model builds for this readout (None: no readout parameters)."""
+        return self.final_norm or self.exit_norm
+
+    @property
+    def scale_invariant(self) -> bool:
+        """Every exit is scale-invariant, r(αH) = r(H): the loss cannot see ‖H‖."""
+        return self.exit_norm is not None and self.final_norm is not None
+
+    @property
+    def raw(self) -> bool:
+        """No exit is normalised: the loss sees the scale at every exit."""
+        return self.exit_norm is None and self.final_norm is None
+
+    @property
+    def exits_differ(self) -> bool:
+        """Exits k < K are read through another function than exit K."""
+        return self.exit_norm != self.final_norm
+
+    def norm_at(self, k: int, K: int) -> str:
+        """The readout applied at exit k of a K-loop pass: "raw" or the norm's name."""
+        return (self.final_norm if k >= K else self.exit_norm) or "raw"
+
+
+@dataclass(frozen=True)
+class Axis:
+    """A loss, regularizer or recurrence: its name, its label in condition labels ("" when
+    a condition label leaves it out, i.e. the default), and a one-line description."""
+    name: str
+    label: str
+    description: str
+    order: int = OTHER
+
+
+_OKABE_ITO = {"black": "#000000", "orange": "#E69F00", "sky_blue": "#56B4E9", "bluish_green": "#009E73",
+              "yellow": "#F0E442", "blue": "#0072B2", "vermillion": "#D55E00", "reddish_purple": "#CC79A7",
+              "grey": "#999999"}
+PALETTE = tuple(_OKABE_ITO.values())  # colour-blind-safe (Okabe & Ito 2008), plus grey
+
+READOUTS: dict[str, Readout] = {r.name: r for r in (
+    Readout("rmsnorm", "RMSNorm readout", "rmsnorm", "rmsnorm",
+            "RMSNorm at every exit: scale-invariant, the loss cannot see ‖H_k‖", 0, "-", "o"),
+    Readout("layernorm", "LayerNorm readout", "layernorm", "layernorm",
+            "LayerNorm (no bias) at every exit: scale-invariant", 3, "-.", "D"),
+    Readout("raw", "raw readout", None, None,
+            "the raw state at every exit, r(H) = H: the loss sees the scale", 1, "--", "s"),
+    Readout("final_norm", "final-only norm", None, "rmsnorm",
+            "final-only norm: the raw state at exits k < K, RMSNorm at exit K only", 2, (0, (3, 1, 1, 1, 1, 1)), "^"),
+)}
+
+LOSSES: dict[str, Axis] = {a.name: a for a in (
+    Axis("terminal", "terminal CE", "cross-entropy of exit K only", 0),
+    Axis("per_loop", "per-loop CE", "mean cross-entropy over the K exits (dense supervision)", 1),
+)}
+
+REGULARIZERS: dict[str, Axis] = {a.name: a for a in (
+    Axis("none", "", "no regularizer", 0),
+    Axis("norm_penalty", "norm penalty", "+ λ·mean_k mean(H_k²) (objective.penalty_weight)", 1),
+)}
+
+RECURRENCES: dict[str, Axis] = {a.name: a for a in (
+    Axis("residual", "", "H_k feeds loop k+1 as is (the paper's)", 0),
+    Axis("inter_loop_norm", "inter-loop norm", "RMSNorm(H_k) feeds loop k+1: the scale leaves the loop", 1),
+)}
+
+AXES = ("readout", "loss", "regularizer", "recurrence")  # the order of a condition id
+AXIS_DEFAULTS = {"regularizer": "none", "recurrence": "residual"}  # readout and loss have none
+
+
+def axis_registry(axis: str) -> dict:
+    """The registry of one axis of a condition."""
+    return {"readout": READOUTS, "loss": LOSSES, "regularizer": REGULARIZERS, "recurrence": RECURRENCES}[axis]
+
+
+def axis_values(axis: str) -> tuple[str, ...]:
+    return tuple(axis_registry(axis))
+
+
+# ---------------------------------------------------------------------------
+# diagnostics
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Diagnostic:
+    name: str
+    description: str  # one line (command-line help)
+
+    @property
+    def file(self) -> str:
+        """Its result file, relative to the run directory."""
+        return f"eval/{self.name}.json"
+
+
+DIAGNOSTICS: dict[str, Diagnostic] = {d.name: d for d in (
+    Diagnostic("depth", "CE/PPL per exit k<=K and per depth k<=depth_factor*K (final readout)"),
+    Diagnostic("throughput", "tokens/s of evaluation at each depth"),
+    Diagnostic("norms", "per-loop ||H_k|| and the per-token distribution of ||H_K||"),
+    Diagnostic("radial", "radial gradient fraction cos^2(dCE_k/dH_k, H_k) per exit"),
+    Diagnostic("lemma", "radial increment and angular update over eval.lemma_loops loops"),
+    Diagnostic("clamp", "inference-time scale clamps (remove_radial, freeze_loop1)"),
+    Diagnostic("halting", "calibrated post-hoc exit policies and dynamic-depth speed-up"),
+)}
+
+
+# ---------------------------------------------------------------------------
+# the condition
+# ---------------------------------------------------------------------------
+# The paper's seven Table-1 conditions in the paper's order, then loopscale's additions:
+# the canonical order of tables, each with its fixed colour (Okabe–Ito). Line style and
+# marker come from the readout, so RMSNorm and LayerNorm lines differ in both.
+CANONICAL: tuple[tuple[tuple[str, str, str, str], str], ...] = (
+    (("rmsnorm", "terminal", "none", "residual"), _OKABE_ITO["black"]),
+    (("raw", "terminal", "none", "residual"), _OKABE_ITO["grey"]),
+    (("rmsnorm", "per_loop", "none", "residual"), _OKABE_ITO["vermillion"]),  # the drifting model
+    (("raw", "per_loop", "none", "residual"), _OKABE_ITO["blue"]),
+    (("final_norm", "per_loop", "none", "residual"), _OKABE_ITO["bluish_green"]),
+    (("rmsnorm", "terminal", "norm_penalty", "residual"), _OKABE_ITO["yellow"]),
+    (("rmsnorm", "per_loop", "norm_penalty", "residual"), _OKABE_ITO["reddish_purple"]),
+    (("layernorm", "per_loop", "none", "residual"), _OKABE_ITO["orange"]),
+    (("rmsnorm", "per_loop", "none", "inter_loop_norm"), _OKABE_ITO["sky_blue"]),
+    (("layernorm", "terminal", "none", "residual"), _OKABE_ITO["black"]),  # LayerNorm's line style tells it apart
+)
+_CANONICAL_BASES = tuple(b for b, _ in CANONICAL)
+
+
+def _order(registry: dict, name: str) -> int:
+    e = registry.get(name)
+    return e.order if e is not None else OTHER + 1
+
+
+@dataclass(frozen=True, order=True)
+class Condition:
+    """One training condition: readout × loss × regularizer × recurrence (+ λ of the norm
+    penalty, 0 for the other regularizers)."""
+    readout: str
+    loss: str
+    regularizer: str = "none"
+    recurrence: str = "residual"
+    penalty_weight: float = 0.0
+
+    @classmethod
+    def of(cls, readout: str, loss: str, regularizer: str = "none", recurrence: str = "residual",
+           penalty_weight: float = PAPER_PENALTY_WEIGHT) -> "Condition":
+        """A condition; λ is kept only for the norm penalty (the paper's λ by default)."""
+        return cls(readout, loss, regularizer, recurrence,
+                   float(penalty_weight) if regularizer == "norm_penalty" else 0.0)
+
+    @classmethod
+    def from_config(cls, cfg: dict) -> "Condition":
+        """The condition of a run config dict (RunConfig.to_dict()); '?' where it says nothing."""
+        m, o = cfg.get("model") or {}, cfg.get("objective") or {}
+        return cls.of(m.get("readout", "?"), o.get("loss", "?"), o.get("regularizer", "none"),
+                      m.get("recurrence", "residual"), o.get("penalty_weight", PAPER_PENALTY_WEIGHT))
+
+    # -- identity ------------------------------------------------------------------------
+    @property
+    def base(self) -> tuple:
+        return (self.readout, self.loss, self.regularizer, self.recurrence)
+
+    @property
+    def id(self) -> str:
+        """`<readout>-<loss>-<regularizer>-<recurrence>`: the run directory name."""
+        return "-".join(self.base)
+
+    @property
+    def paper_penalty(self) -> bool:
+        """No norm penalty, or the paper's λ."""
+        return self.regularizer != "norm_penalty" or self.penalty_weight == PAPER_PENALTY_WEIGHT
+
+    @property
+    def slug(self) -> str:
+        """The id, plus `-lambda<λ>` for a norm penalty with another λ than the paper's."""
+        return self.id if self.paper_penalty else f"{self.id}-lambda{self.penalty_weight:g}"
+
+    # -- meaning ---------------------------------------------------------------------------
+    @property
+    def readout_spec(self) -> Optional[Readout]:
+        return READOUTS.get(self.readout)
+
+    @property
+    def scale_invariant_readout(self) -> bool:
+        """Every exit of the readout is scale-invariant (r(αH) = r(H))."""
+        r = self.readout_spec
+        return r is not None and r.scale_invariant
+
+    @property
+    def raw_readout(self) -> bool:
+        """No exit of the readout is normalised."""
+        r = self.readout_spec
+        return r is not None and r.raw
+
+    @property
+    def label(self) -> str:
+        """The paper's wording: 'per-loop CE + RMSNorm readout', '... + norm penalty', ..."""
+        if self.readout == "?" and self.loss == "?":
+            return "unknown condition (no readable config)"
+
+        def lab(registry, name):
+            e = registry.get(name)
+            return e.label if e is not None else name
+        parts = [lab(LOSSES, self.loss), lab(READOUTS, self.readout)]
+        reg = lab(REGULARIZERS, self.regularizer)
+        if reg:
+            parts.append(reg + ("" if self.paper_penalty else f" (λ={self.penalty_weight:g})"))
+        rec = lab(RECURRENCES, self.recurrence)
+        if rec:
+            parts.append(rec)
+        return " + ".join(parts)
+
+    # -- order and style ---------------------------------------------------------------------
+    def sort_key(self) -> tuple:
+        """Canonical conditions first, in the paper's order; then by loss, readout,
+        regularizer and recurrence order."""
+        if self.base in _CANONICAL_BASES:
+            return (0, _CANONICAL_BASES.index(self.base), self.penalty_weight)
+        return (1, _order(LOSSES, self.loss), _order(READOUTS, self.readout), _order(REGULARIZERS, self.regularizer),
+                _order(RECURRENCES, self.recurrence), self.penalty_weight, self.base)
+
+    @property
+    def colour(self) -> str:
+        if self.base in _CANONICAL_BASES and self.paper_penalty:
+            return CANONICAL[_CANONICAL_BASES.index(self.base)][1]
+        others = [b for b in _all_bases() if b not in _CANONICAL_BASES]
+        i = others.index(self.base) if self.base in others else len(others)
+        i += 0 if self.paper_penalty else int(round(self.penalty_weight * 1000))
+        return PALETTE[i % len(PALETTE)]
+
+    @property
+    def linestyle(self) -> Union[str, tuple]:
+        r = self.readout_spec
+        return r.linestyle if r is not None else ":"
+
+    @property
+    def marker(self) -> str:
+        r = self.readout_spec
+        return r.marker if r is not None else "x"
+
+
+def condition(readout: str, loss: str, regularizer: str = "none", recurrence: str = "residual",
+              penalty_weight: float = PAPER_PENALTY_WEIGHT) -> Condition:
+    """`Condition.of`: a condition, λ kept only for the norm penalty."""
+    return Condition.of(readout, loss, regularizer, recurrence, penalty_weight)
+
+
+def _all_bases() -> list[tuple]:
+    """Every point of the full grid, in report order (loss, readout, regularizer, recurrence)."""
+    rd, ls, rg, rc = (sorted(axis_registry(a).values(), key=lambda e: e.order) for a in AXES)
+    return [(r.name, l.name, g.name, c.name) for l, r, g, c in itertools.product(ls, rd, rg, rc)]
