@@ -337,7 +337,7 @@ def test_names_are_matched_in_full(params, tmp_path):
     p = copy.deepcopy(params)
     p["experiments"]["smoke"]["sizes"]["smoke\n"] = p["experiments"]["smoke"]["sizes"].pop("smoke")
     with pytest.raises(P.ParamsError, match=r"experiments\.smoke\.sizes: 'smoke\\n' does not match"):
-        P.check_schema(p, yaml.safe_load(SCHEMA.read_text()))
+        P.check_schema(p, P.load_schema(SCHEMA))
     with pytest.raises(P.ParamsError, match=r"experiments\.smoke\.sizes: name 'smoke\\n' must match"):
         P._check_names(p, "params.yaml")
 

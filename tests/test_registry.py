@@ -15,7 +15,7 @@ from loopscale import config as C
 from loopscale import registry as R
 from loopscale.diagnostics import run_all
 from loopscale.model import LoopedLM
-from loopscale.report.aggregate import build_tables
+from loopscale.report.tables import build_tables
 from loopscale.report.figures import write_figures
 from loopscale.report.runs import load_runs
 from loopscale.train import train
