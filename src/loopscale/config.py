@@ -167,10 +167,11 @@ MODEL_PRESETS: dict[str, dict] = {
     # 129M = d768, 12 layers, 12 heads, SwiGLU 3072, seq 256, K=4, batch 32
     "paper-129m": dict(model=dict(vocab_size=20000, d_model=768, n_layers=12, n_heads=12, d_ff=3072,
                                   seq_len=256, n_loops=4), train=dict(batch_size=32)),
-    # laptop scale (calibrated so the cpu experiment, nine conditions x one seed, runs in ~13 min
-    # on 2 cores: `make reproduce` took 13 min 15 s on a fresh clone): the paper's
-    # architecture, init, optimiser and losses; narrow, short context, small vocabulary, and a
-    # higher constant lr (1e-3) so the drift shows within a few hundred steps
+    # laptop scale (calibrated on 2 cores: nine conditions x one seed took 13 min 15 s with
+    # `make reproduce` on a fresh clone; the 3-seed cpu experiment is estimated at ~22-25 min,
+    # docs/studies.md): the paper's architecture, init, optimiser and losses; narrow, short
+    # context, small vocabulary, and a higher constant lr (1e-3) so the drift shows within a
+    # few hundred steps
     "cpu": dict(model=dict(vocab_size=2048, d_model=64, n_layers=2, n_heads=2, d_ff=256,
                            seq_len=64, n_loops=4),
                 data=dict(vocab_size=2048),
