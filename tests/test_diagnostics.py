@@ -402,7 +402,10 @@ def test_failed_training_gets_failed_results(env, capsys, tmp_path, monkeypatch)
     from loopscale.io import CheckpointError, load_checkpoint
     from loopscale.train import record_failure
     run = tmp_path / "run"
+    run.mkdir()
+    (run / "model.safetensors").write_bytes(b"weights of an earlier run")
     record_failure(_smoke(), run, RuntimeError("CUDA out of memory"))
+    assert not (run / "model.safetensors").exists()
     assert json.loads((run / "summary.json").read_text())["status"] == "failed"
     with pytest.raises(CheckpointError, match="holds no weights: training of this run failed"):
         load_checkpoint(run / "model.pt")

@@ -540,6 +540,45 @@ def test_a_deleted_checkpoint_retrains(smoke_local, tmp_path):
     assert not list((repo / "runs").rglob("state.pt")) and (repo / other / "model.pt").is_file()
 
 
+CRASH_SHIM = """
+import os
+if os.environ.get("LOOPSCALE_TEST_CRASH"):  # a crash (say, out of memory) in the runs named so
+    import loopscale.train as T
+    _train = T.train
+    def train(cfg, data_dir, out_dir, **kw):
+        if os.environ["LOOPSCALE_TEST_CRASH"] in str(out_dir):
+            raise RuntimeError("simulated crash")
+        return _train(cfg, data_dir, out_dir, **kw)
+    T.train = train
+"""
+
+
+@pytest.mark.slow
+def test_a_crashed_run_is_recorded_and_the_grid_completes(smoke_local, tmp_path):
+    """A training crash is a result: summary.json and model.pt (no weights) say failed, the
+    eval job writes "failed" results, the tables show it, and nothing is left to do."""
+    repo = fresh_copy(smoke_local[0], tmp_path / "repo")
+    shim = tmp_path / "shim"
+    shim.mkdir()
+    (shim / "sitecustomize.py").write_text(CRASH_SHIM)
+    target = "raw-per_loop-none-residual"
+    edit_params(repo, lambda p: p["experiments"]["smoke"].__setitem__("conditions", [
+        {"readout": "rmsnorm", "loss": "per_loop"}, {"readout": "raw", "loss": "per_loop",
+                                                     "overrides": {"train": {"lr": 2e-3}}}]))
+    env = pipeline_env(repo, {"LOOPSCALE_TEST_CRASH": target,
+                              "PYTHONPATH": os.pathsep.join([str(shim), str(repo / "src")])})
+    run([SNAKEMAKE, "--cores", "2", *SMOKE], repo, env=env)
+    run_dir = repo / "runs" / "smoke" / "smoke" / target / "seed42"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "failed" and summary["error"] == "RuntimeError: simulated crash"
+    assert (run_dir / "model.pt").is_file() and not list(run_dir.glob("model.safetensors"))
+    for d in ("depth", "norms", "radial"):
+        assert json.loads((run_dir / "eval" / f"{d}.json").read_text())["status"] == "failed"
+    rows = {r["condition_id"]: r["status"] for r in read_table(repo / "results" / "smoke" / "runs.csv")}
+    assert rows == {target: "failed", "rmsnorm-per_loop-none-residual": "completed"}
+    assert dry_run(repo) == []
+
+
 @pytest.mark.slow
 def test_nothing_reruns_through_another_path_to_the_venv(smoke_local, tmp_path):
     """No rule's params hold an interpreter or script path: the finished grid, reached
@@ -643,8 +682,9 @@ def test_bad_params_fail_fast_and_leave_a_completed_run_byte_identical(smoke_loc
 # ---------------------------------------------------------------------------
 @pytest.mark.slow
 def test_dvc_repro_push_pull(smoke_local, tmp_path, record_property):
-    """`dvc repro smoke` runs the grid; a second repro is a no-op; after `dvc push`, a fresh
-    clone's `dvc pull` + `snakemake --touch` needs no training, evaluation or data prep."""
+    """`dvc repro smoke` runs the grid; a second repro is a no-op; a deleted checkpoint is
+    retrained; after `dvc push`, a fresh clone's `dvc pull` + `snakemake --touch` needs no
+    training, evaluation or data prep."""
     a = copy_worktree(tmp_path / "a")
     t0 = time.monotonic()
     run([DVC, "repro", "smoke"], a)
@@ -656,6 +696,12 @@ def test_dvc_repro_push_pull(smoke_local, tmp_path, record_property):
     out = run([DVC, "repro", "smoke"], a).stdout
     assert "didn't change" in out and time.monotonic() - t0 < 30
     assert dry_run(a) == []
+
+    # a deleted checkpoint: DVC sees runs/smoke changed and its Snakemake retrains the run
+    lost = smoke_runs(a)[0] / "model.pt"
+    lost.unlink()
+    run([DVC, "repro", "smoke"], a)
+    assert lost.is_file() and dry_run(a) == []
 
     git(a, "add", "dvc.lock")
     git(a, "commit", "-q", "-m", "dvc.lock of the smoke stage")

@@ -159,7 +159,8 @@ def record_failure(cfg: RunConfig, out_dir: str | Path, error: BaseException) ->
 
     Writes summary.json (status "failed") and, so that every outcome leaves the same files,
     model.pt as a record without weights ({"status": "failed", "config", "error"}): loading
-    it names the failure (io.load_checkpoint), evaluating it writes "failed" results."""
+    it names the failure (io.load_checkpoint), evaluating it writes "failed" results. The
+    weights file of an earlier run of this directory (model.safetensors) is removed."""
     summary = {"status": "failed", "error": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:500],
                "steps": None, "config_fingerprint": cfg.fingerprint()}
     state = Path(out_dir) / "state.pt"
@@ -170,6 +171,8 @@ def record_failure(cfg: RunConfig, out_dir: str | Path, error: BaseException) ->
             pass
     atomic_torch_save(Path(out_dir) / "model.pt", {"status": "failed", "config": cfg.to_dict(),
                                                    "error": summary["error"]})
+    from .artifacts import WEIGHTS
+    (Path(out_dir) / WEIGHTS).unlink(missing_ok=True)  # weights of an earlier run: not this run's
     atomic_write_json(Path(out_dir) / "summary.json", summary)
     return summary
 
