@@ -8,6 +8,7 @@ from profiles/slurm/partitions.yaml and the job's resources as Snakemake resolve
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -51,7 +52,9 @@ def partition_of(job: dict) -> str:
     return get_best_partition(partitions, stub, logging.getLogger("test"))
 
 
+@functools.lru_cache(maxsize=None)
 def slurm_dry_run(repo: Path, experiment: str) -> tuple[list[dict], str]:
+    """The documented dry run (memoised: each experiment is dry-run once per session)."""
     proc = smk(repo, "--workflow-profile", "slurm", "--config", f"experiment={experiment}", "-n")
     return jobs_of(proc.stdout), proc.stderr
 
