@@ -13,6 +13,10 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
+# `snakemake --report report.html` (or .zip): this page, then the files marked report()
+report: "workflow/report/workflow.rst"
+
+
 # settings (validated in full before any job), the selected experiment, helpers
 include: "workflow/rules/common.smk"
 

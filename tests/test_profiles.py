@@ -8,6 +8,7 @@ from profiles/slurm/partitions.yaml and the job's resources as Snakemake resolve
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
@@ -30,17 +31,16 @@ def repo(tmp_path_factory):
 
 
 def jobs_of(dry_run_output: str) -> list[dict]:
-    """rule, local, wildcards and resources of every job of a dry run's output."""
+    """rule, wildcards and resources of every job of a dry run's output (local rules too)."""
     jobs = []
     for block in re.split(r"\n(?=(?:local)?rule \w+:)", dry_run_output):
-        m = re.match(r"(local)?rule (\w+):", block)
-        if not m or m.group(2) == "all":
+        m = re.match(r"(?:local)?rule (\w+):", block)
+        if not m or m.group(1) == "all":
             continue
         fields = {k: v for k, v in re.findall(r"^\s+(wildcards|resources): (.*)$", block, re.M)}
         parse = lambda s: dict(kv.split("=", 1) for kv in s.split(", ")) if s else {}  # noqa: E731
         res = {k: int(v) if v.isdigit() else v for k, v in parse(fields.get("resources", "")).items()}
-        jobs.append({"rule": m.group(2), "local": bool(m.group(1)), "wildcards": parse(fields.get("wildcards", "")),
-                     "resources": res})
+        jobs.append({"rule": m.group(1), "wildcards": parse(fields.get("wildcards", "")), "resources": res})
     return jobs
 
 
@@ -52,7 +52,9 @@ def partition_of(job: dict) -> str:
     return get_best_partition(partitions, stub, logging.getLogger("test"))
 
 
+@functools.lru_cache(maxsize=None)
 def slurm_dry_run(repo: Path, experiment: str) -> tuple[list[dict], str]:
+    """The documented dry run (memoised: each experiment is dry-run once per session)."""
     proc = smk(repo, "--workflow-profile", "slurm", "--config", f"experiment={experiment}", "-n")
     return jobs_of(proc.stdout), proc.stderr
 
@@ -89,11 +91,10 @@ def test_paper_jobs_ask_for_gpus_threads_memory_and_time(repo):
     jobs, _ = slurm_dry_run(repo, "paper")
     threads = experiment("paper")["train"]["threads"]
     gpus = experiment("paper")["gpu"]
-    submitted = [j for j in jobs if not j["local"]]
     by_rule = {}
-    for j in submitted:
+    for j in jobs:
         by_rule.setdefault(j["rule"], []).append(j)
-    assert {"prepare_data", "train"} <= set(by_rule) and set(by_rule) - CPU_RULES - {"train"}  # + evaluation
+    assert set(by_rule) == CPU_RULES | {"train", "eval"}
     for rule, js in by_rule.items():
         for j in js:
             r = j["resources"]
@@ -108,8 +109,6 @@ def test_paper_jobs_ask_for_gpus_threads_memory_and_time(repo):
 
 def test_paper_grid_needs_at_most_two_gpu_allocations_per_run(repo):
     jobs, _ = slurm_dry_run(repo, "paper")
-    if any(j["rule"] == "diagnostic" for j in jobs):
-        pytest.xfail("one evaluation job per run (workflow helper) not on this branch yet")
     # every run: one training allocation + at most one evaluation allocation
     per_run: dict[tuple, int] = {}
     for j in jobs:
@@ -126,8 +125,6 @@ def test_cpu_experiments_ask_for_no_gpu(repo, name):
     threads = experiment(name)["train"]["threads"]
     assert any(j["rule"] == "train" for j in jobs)
     for j in jobs:
-        if j["local"]:
-            continue
         r = j["resources"]
         assert not r.get("gpu") and "gres" not in r, j  # gpu=0: the plugin passes no --gpus
         assert partition_of(j) == "cpu"

@@ -2,7 +2,8 @@
 # Inputs: the runs' result files and the report code (src/loopscale/report/**). The
 # outputs are the files `loopscale report` documents (src/loopscale/report/__init__.py).
 # They take seconds: local rules (on a cluster they run in the snakemake process's host,
-# not as allocations).
+# not as allocations). Files marked with report() go into `snakemake --report report.html`
+# (captions: workflow/report/*.rst; categories Claims, Figures, Tables, in that order).
 
 TABLES = ["main", "depth", "norms", "radial", "lemma", "clamp", "halting", "drift", "runs", "claims"]
 FIGURES = ["norm_per_loop", "norm_training", "ppl_depth", "frontier", "radial_vs_norm", "norm_histogram", "lemma",
@@ -15,6 +16,12 @@ localrules:
     report,
 
 
+def reported_table(table):
+    claims = table == "claims"
+    return report(f"results/{{exp}}/{table}.csv", caption=f"../report/{'claims' if claims else 'tables'}.rst",
+                  category="Claims" if claims else "Tables", labels={"table": table})
+
+
 rule aggregate:
     """Tables (CSV + Markdown) of every run and condition, and the paper's claims."""
     input:
@@ -22,10 +29,11 @@ rule aggregate:
         evals=eval_files(),
         code=REPORT_CODE,
     output:
-        csv=expand("results/{{exp}}/{table}.csv", table=TABLES),
+        csv=[reported_table(t) for t in TABLES],
         md=expand("results/{{exp}}/{table}.md", table=TABLES),
-        norm_loops="results/{exp}/norm_loops.csv",
+        norm_loops=reported_table("norm_loops"),
         per_seed="results/{exp}/per_seed.csv",
+        metrics="results/{exp}/metrics.json",
     log:
         "logs/{exp}/aggregate.log",
     params:
@@ -45,7 +53,9 @@ rule figures:
         evals=eval_files(),
         code=REPORT_CODE,
     output:
-        expand("results/{{exp}}/figures/{figure}.{ext}", figure=FIGURES, ext=["png", "pdf"]),
+        [report(f"results/{{exp}}/figures/{f}.png", caption="../report/figures.rst", category="Figures",
+                labels={"figure": f}) for f in FIGURES]
+        + expand("results/{{exp}}/figures/{figure}.pdf", figure=FIGURES),
     log:
         "logs/{exp}/figures.log",
     params:

@@ -4,7 +4,8 @@ Command line (registered in `loopscale.cli` through `add_cli`):
 
   loopscale report tables  --runs RUN_DIR [RUN_DIR ...] --out results/<exp>
       writes <out>/{main,depth,norms,radial,lemma,clamp,halting,drift,runs,claims}.{csv,md}
-      and <out>/norm_loops.csv, <out>/per_seed.csv (tidy: one row per run × exit k)
+      and <out>/norm_loops.csv, <out>/per_seed.csv (tidy: one row per run × exit k),
+      <out>/metrics.json (headline numbers per condition, for DVC)
   loopscale report figures --runs RUN_DIR [RUN_DIR ...] --out results/<exp>/figures
       writes <out>/{norm_per_loop,norm_training,ppl_depth,frontier,radial_vs_norm,
       norm_histogram,lemma,drift}.{png,pdf} (every file is always written; a panel without
@@ -23,7 +24,8 @@ runs give the same bytes.
 
 Modules: runs (reading a run directory), aggregate (tables), figures, claims (the paper's
 claims with verdict rules and thresholds), drift (the drift law of ‖H_K‖ over training
-steps), tidy (per_seed.csv), paper (the paper's numbers), write (REPORT.md).
+steps), tidy (per_seed.csv), paper (the paper's numbers), write (REPORT.md),
+metrics (metrics.json).
 """
 
 

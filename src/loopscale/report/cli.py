@@ -33,11 +33,12 @@ def _runs(args):
 
 def cmd_tables(args) -> int:
     from .aggregate import write_tables
+    from .metrics import write_metrics
     from .tables import build_tables
     from .write import claims_table
     runs = _runs(args)
     tables = build_tables(runs, root=Path.cwd()) + [claims_table(runs)]
-    written = write_tables(tables, Path(args.out))
+    written = write_tables(tables, Path(args.out)) + [write_metrics(tables, Path(args.out) / "metrics.json")]
     print(f"loopscale report tables: {len(runs)} runs -> {len(written)} files in {args.out}")
     return 0
 
