@@ -449,3 +449,22 @@ def test_drift_law_never_extrapolates_a_negative_norm():
     assert chosen.law == "power" and chosen.predict(5e4) > 0
     fits = drift.fit_laws(t, 0.1 * t ** 1.4)
     assert math.isnan(fits["log"].r2)  # the log law predicts norms <= 0 at early steps: no R²
+
+
+def test_ppl_axes_zoom_to_the_band_at_k_train():
+    import matplotlib.pyplot as plt
+    from loopscale.report.figures import _lift_titles, _zoom
+    fig, (top, ax) = plt.subplots(2, 1)
+    ax._overview = top
+    ax.plot([1, 2, 3, 4], [5000.0, 40.0, 20.5, 19.0])  # one extreme exit, the band 17-22 at K=4
+    ax.plot([1, 2, 3, 4], [300.0, 25.0, 18.0, 17.0])
+    ax.axvline(4)
+    ax.set_title("PPL")
+    _zoom(ax, band=[19.0, 17.0], values=[5000.0, 40.0, 20.5, 19.0, 300.0, 25.0, 18.0, 17.0])
+    lo, hi = ax.get_ylim()
+    assert 16.5 < lo < 17.0 and 19.0 < hi < 19.5 and ax.get_yscale() == "linear"  # the band, not 17-5000
+    assert top.get_yscale() == "log" and len(top.get_lines()) == 3  # every line, the full range, K_train
+    assert top.get_ylim()[1] >= 5000.0
+    _lift_titles(fig)
+    assert top.get_title() == "PPL" and ax.get_title() == ""
+    plt.close(fig)

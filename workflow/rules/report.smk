@@ -7,7 +7,7 @@
 
 TABLES = ["main", "depth", "norms", "radial", "lemma", "clamp", "halting", "drift", "runs", "claims"]
 FIGURES = ["norm_per_loop", "norm_training", "ppl_depth", "frontier", "radial_vs_norm", "norm_histogram", "lemma",
-           "drift"]
+           "exit_training", "drift"]
 
 
 localrules:

@@ -8,8 +8,8 @@ Command line (registered in `loopscale.cli` through `add_cli`):
       <out>/metrics.json (headline numbers per condition, for DVC)
   loopscale report figures --runs RUN_DIR [RUN_DIR ...] --out results/<exp>/figures
       writes <out>/{norm_per_loop,norm_training,ppl_depth,frontier,radial_vs_norm,
-      norm_histogram,lemma,drift}.{png,pdf} (every file is always written; a panel without
-      data says so)
+      norm_histogram,lemma,exit_training,drift}.{png,pdf} (every file is always written; a
+      panel without data says so)
   loopscale report write   --runs RUN_DIR [RUN_DIR ...] --results results/<exp>
                            [--figures results/<exp>/figures] [--params params.yaml]
                            [--experiment <exp>] --out results/<exp>/REPORT.md

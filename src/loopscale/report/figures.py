@@ -425,6 +425,59 @@ def fig_lemma(groups: list[Group], path: Path) -> Path:
     return _save(fig, path)
 
 
+def _exit_curves(g: Group) -> tuple[list, list]:
+    """Training steps and, per exit k, the seed-mean training CE at those steps (steps
+    logged by every completed seed)."""
+    per_seed = []
+    for r in g.used:
+        per_seed.append({int(m["step"]): m["ce"] for m in r.metrics
+                         if finite(m.get("step")) and isinstance(m.get("ce"), list) and m["ce"]})
+    if not per_seed:
+        return [], []
+    steps = sorted(set.intersection(*(set(d) for d in per_seed)))
+    K = min(len(d[s]) for d in per_seed for s in steps) if steps else 0
+    curves = [[stats(d[s][k] for d in per_seed)[0] for s in steps] for k in range(K)]
+    return steps, curves
+
+
+def fig_exit_training(groups: list[Group], path: Path) -> Path:
+    panels = [(g, *_exit_curves(g)) for g in groups if g.used]
+    ncols = 3
+    nrows = max(1, math.ceil(len(panels) / ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.1 * nrows), squeeze=False, layout="constrained")
+    cmap = plt.get_cmap("viridis")
+    Kmax = max([len(c) for _, _, c in panels] + [1])
+
+    def col(k):
+        return cmap(0.9 * k / max(Kmax - 1, 1))
+    flat = [ax for row in axes for ax in row]
+    multi = len({g.size for g, _, _ in panels}) > 1
+    for ax, (g, steps, curves) in zip(flat, panels):
+        if not steps:
+            _empty(ax, "metrics.jsonl")
+        late = [v for c in curves for s, v in zip(steps, c) if s >= 0.2 * steps[-1] and finite(v)]
+        for k, c in enumerate(curves):
+            ax.plot(steps, c, color=col(k), lw=1.4)
+        if late:
+            lo, hi = min(late), max(late)
+            span = max(hi - lo, 0.02 * abs(hi), 1e-3)
+            ax.set_ylim(lo - 0.05 * span, hi + 0.15 * span)
+        ax.set_title(g.cond.label + (f"\n{g.size.label}" if multi else ""), fontsize=8.5)
+        ax.tick_params(labelsize=7.5)
+        ax.set_xlabel("training step", fontsize=8)
+    for ax in flat[len(panels):]:
+        ax.set_visible(False)
+    if not panels:
+        flat[0].set_visible(True)
+        _empty(flat[0], "no completed run")
+    for row in axes:
+        row[0].set_ylabel("training CE (nats)")
+    handles = [Line2D([], [], color=col(k), lw=1.6, label=f"exit k={k + 1}") for k in range(Kmax)]
+    fig.legend(handles=handles, loc="outside upper center", ncols=Kmax, frameon=False,
+               title="training CE of every exit on the training batch (seed mean; y zoomed to the last 80% of steps)")
+    return _save(fig, path)
+
+
 def fig_drift(groups: list[Group], path: Path) -> Path:
     from . import paper
     from .drift import drift_results, paper_steps
@@ -450,13 +503,16 @@ def fig_drift(groups: list[Group], path: Path) -> Path:
                 ax.errorbar([res.target], [res.at_target], yerr=[[res.at_target - lo], [hi - res.at_target]],
                             color=colour(g.cond), marker=marker(g.cond), ms=5, capsize=3, lw=1.2)
         if any_:
-            for t, (name, v), dy in zip((T44, T129), paper.NORM_K_PER_LOOP_RMSNORM.items(), (6, -16)):
+            for t, (name, v), (dx, dy, ha) in zip((T44, T129), paper.NORM_K_PER_LOOP_RMSNORM.items(),
+                                                  ((-9, -3, "right"), (0, 9, "center"))):
                 ax.plot([t], [v], marker="*", ms=14, color="k", mfc="w", mew=1.2, ls="")
-                ax.annotate(f"paper {name}: {v:,}", (t, v), xytext=(-9, dy), textcoords="offset points",
-                            ha="right", fontsize=7.5)
+                ax.annotate(f"paper {name}: {v:,}", (t, v), xytext=(dx, dy), textcoords="offset points",
+                            ha=ha, fontsize=7.5)
             ax.axvline(T44, color="0.3", ls=":", lw=1)
             ax.set_xscale("log")
             _log(ax, "y", [y for line in ax.get_lines() for y in line.get_ydata() if _positive(y)])
+            lo, hi = ax.get_ylim()
+            ax.set_ylim(lo, hi * 2.5)  # room for the paper's labels
         else:
             _empty(ax, "too few training log records")
         ax.set_title(f"Drift law of ‖H_K‖ (extrapolation) — {size.label}")
@@ -478,6 +534,7 @@ FIGURES = {
     "radial_vs_norm": (fig_radial_vs_norm, "Radial gradient fraction vs ‖H_K‖"),
     "norm_histogram": (fig_norm_histogram, "Per-token ‖H_K‖ distribution"),
     "lemma": (fig_lemma, "Lemma-2 check: scale, angular update and their product vs loop"),
+    "exit_training": (fig_exit_training, "Training CE of every exit over training steps, one panel per condition"),
     "drift": (fig_drift, "Drift law: ‖H_K‖ vs training step, fitted and extrapolated to the paper's step count"),
 }
 
