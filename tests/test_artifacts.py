@@ -42,7 +42,7 @@ def test_safetensors_stores_the_tied_head_once(run):
     model, _, _ = loopscale.load(run)
     with safe_open(str(run / "model.safetensors"), "pt") as f:
         keys = set(f.keys())
-        assert f.metadata()["step"] == "6" and f.metadata()["status"] == "completed"
+        assert f.metadata() == {"format": "pt"}
         assert sum(f.get_tensor(k).numel() for k in keys) == model.num_params()
     assert keys == set(model.state_dict()) and "tok_emb.weight" in keys
     assert not any("head" in k for k in keys)
@@ -68,14 +68,10 @@ def test_tokenizer_files_carry_the_special_tokens(run, smoke_data):
 
 def test_export_rebuilds_the_artifact_of_an_older_run(run, smoke_data, tmp_path, capsys):
     before = {n: (run / n).read_bytes() for n in ARTIFACT_FILES}
-    weights = _weights(run)
     for n in ARTIFACT_FILES:
         (run / n).unlink()
     assert main(["export", str(run), "--data", str(smoke_data)]) == 0
-    assert {n: (run / n).read_bytes() for n in ARTIFACT_FILES[1:]} == {n: before[n] for n in ARTIFACT_FILES[1:]}
-    new = _weights(run)  # (the header's key order is not fixed: compare contents)
-    assert new[1] == weights[1] and new[0].keys() == weights[0].keys()
-    assert all(torch.equal(new[0][k], weights[0][k]) for k in new[0])
+    assert {n: (run / n).read_bytes() for n in ARTIFACT_FILES} == before  # byte for byte
     # the tokenizer of other data is refused, naming why
     other = tmp_path / "other"
     other.mkdir()
@@ -84,11 +80,6 @@ def test_export_rebuilds_the_artifact_of_an_older_run(run, smoke_data, tmp_path,
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "not the tokenizer" in err[0]
     assert main(["export", str(tmp_path)]) == 2
-
-
-def _weights(run):
-    with safe_open(str(run / "model.safetensors"), "pt") as f:
-        return {k: f.get_tensor(k) for k in f.keys()}, f.metadata()
 
 
 def test_generate_command(run, capsys):

@@ -2,8 +2,8 @@
 
 A finished run directory holds, besides the training logs:
 
-  model.safetensors        the weights (safetensors: no pickle); the LM head is tied to the
-                           token embedding, so it is stored once, as `tok_emb.weight`
+  model.safetensors        the weights (safetensors: no pickle, byte-reproducible); the LM head
+                           is tied to the token embedding, so it is stored once, as `tok_emb.weight`
   config.json              {"config": the resolved run config, "env": provenance, "data": ...}
   tokenizer.json           the run's tokenizer (a copy of its data directory's)
   tokenizer_config.json    what `transformers.PreTrainedTokenizerFast.from_pretrained(RUN)`
@@ -42,11 +42,12 @@ ROLES = {"pad_token": ("<pad>", "[PAD]", "<|pad|>"),
 # ---------------------------------------------------------------------------
 # writing
 # ---------------------------------------------------------------------------
-def save_weights(path: str | Path, model: LoopedLM, step: Optional[int] = None, status: str = "completed") -> Path:
-    """The model's state dict as safetensors (atomic); metadata: format, step, status."""
+def save_weights(path: str | Path, model: LoopedLM) -> Path:
+    """The model's state dict as safetensors (atomic). The only metadata is {"format": "pt"}
+    (a header with more keys is not byte-reproducible); step and status are in
+    summary.json and model.pt."""
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-    meta = {"format": "pt", "producer": "loopscale", "step": str(step), "status": status}
-    return atomic_write_bytes(path, st_save(tensors, metadata=meta))
+    return atomic_write_bytes(path, st_save(tensors, metadata={"format": "pt"}))
 
 
 def tokenizer_metadata(tok: Tokenizer, model_max_length: int) -> tuple[dict, dict]:
@@ -73,11 +74,10 @@ def write_tokenizer(run_dir: str | Path, tokenizer_json: bytes, model_max_length
     atomic_write_json(run / "special_tokens_map.json", special)
 
 
-def write_artifacts(run_dir: str | Path, model: LoopedLM, cfg: RunConfig, data_dir: Optional[str | Path],
-                    step: Optional[int] = None, status: str = "completed") -> None:
+def write_artifacts(run_dir: str | Path, model: LoopedLM, cfg: RunConfig, data_dir: Optional[str | Path]) -> None:
     """End of training: model.safetensors, and the tokenizer files when the data dir has one."""
     run = Path(run_dir)
-    save_weights(run / WEIGHTS, model, step, status)
+    save_weights(run / WEIGHTS, model)
     tok = Path(data_dir) / "tokenizer.json" if data_dir is not None else None
     if tok is not None and tok.is_file():
         write_tokenizer(run, tok.read_bytes(), cfg.model.seq_len)
@@ -97,7 +97,7 @@ def export_run(run_dir: str | Path, data_dir: Optional[str | Path] = None) -> li
     record = _read_json(run / "config.json") or {}
     if not record.get("config"):
         atomic_write_json(run / "config.json", {"config": cfg.to_dict(), "data": {}})
-    save_weights(run / WEIGHTS, model, ckpt.get("step"), ckpt.get("status", "completed"))
+    save_weights(run / WEIGHTS, model)
     written = ["config.json", WEIGHTS]
     src = Path(data_dir) / "tokenizer.json" if data_dir is not None else run / "tokenizer.json"
     if not src.is_file():

@@ -284,7 +284,7 @@ def convert_paper(checkpoint: str | Path, out_dir: str | Path, tokenizer_file: O
               "settings_from": source, "dropped": dropped}
     out.mkdir(parents=True, exist_ok=True)
     write_tokenizer(out, tok_json, cfg.model.seq_len)
-    save_weights(out / "model.safetensors", model, step if isinstance(step, int) else None)
+    save_weights(out / "model.safetensors", model)
     atomic_torch_save(out / "model.pt", {"model": model.state_dict(), "config": cfg.to_dict(),
                                          "step": step if isinstance(step, int) else None, "status": "completed"})
     atomic_write_json(out / "config.json", {

@@ -337,7 +337,7 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
     atomic_torch_save(out / "model.pt", {"model": model.state_dict(), "config": cfg.to_dict(),
                                          "step": step, "status": status})
     from .artifacts import write_artifacts  # model.safetensors + tokenizer files (artifacts.py)
-    write_artifacts(out, model, cfg, data_dir, step=step, status=status)
+    write_artifacts(out, model, cfg, data_dir)
     atomic_write_json(out / "summary.json", summary)
     state_path.unlink(missing_ok=True)
     return summary
