@@ -125,7 +125,9 @@ def wrap(model: torch.nn.Module, d: Dist, fsdp: bool = False) -> torch.nn.Module
         fully_shard(model)
         return model
     from torch.nn.parallel import DistributedDataParallel
-    return DistributedDataParallel(model, device_ids=[d.device.index] if d.device.type == "cuda" else None)
+    # gradients live in DDP's communication buckets (no second copy of every gradient)
+    return DistributedDataParallel(model, device_ids=[d.device.index] if d.device.type == "cuda" else None,
+                                   gradient_as_bucket_view=True)
 
 
 def no_sync(fwd: torch.nn.Module, sync: bool):
