@@ -101,8 +101,8 @@ def cmd_train(args) -> int:
     except Exception as e:
         if not args.record_failure:
             raise
-        if env_world()[0] != 0:  # under torchrun rank 0 records the failure
-            return 0
+        if env_world()[0] != 0:  # under torchrun only rank 0 records a failure; another rank's
+            raise                # crash fails the job (torchrun stops the others; a retry resumes)
         summary = record_failure(cfg, args.out, e)
         print(f"loopscale: run failed and was recorded as failed in {args.out}/summary.json: "
               f"{summary['error']}", file=sys.stderr)
