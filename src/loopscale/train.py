@@ -349,9 +349,8 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
                     log.write(json.dumps(rec) + "\n")
                     log.flush()
                     bar.set_postfix(loss=f"{rec['loss']:.3f}", normK=f"{rec['norm'][-1]:.3g}")
-                    if not show_bar:
-                        if main:
-                            logger.info(_progress_line(rec, total_steps, tokens_per_step))
+                    if not show_bar and main:
+                        logger.info(_progress_line(rec, total_steps, tokens_per_step))
                     if tb is not None:
                         tb.add_scalar("train/loss", rec["loss"], step)
                         tb.add_scalar("train/norm_K", rec["norm"][-1], step)
