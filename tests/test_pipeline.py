@@ -473,7 +473,8 @@ def test_bad_params_stop_snakemake_with_one_line(dry_workspace):
     assert proc.returncode != 0
     assert proc.stderr.strip().splitlines() == [
         "loopscale pipeline: error: params.yaml: experiments.smoke.conditions: unknown condition set "
-        "'blind_spots'; define it under condition_sets (defined: paper7, loopscale9, blind_spot)"]
+        "'blind_spots'; define it under condition_sets (defined: paper7, loopscale9, blind_spot, "
+        "appendix_b, appendix_b_per_loop)"]
     assert tree_digest(dry_workspace) == before
 
 

@@ -87,6 +87,7 @@ def cmd_prepare_data(args) -> int:
 
 def cmd_train(args) -> int:
     from .data import DataError
+    from .distributed import env_world
     from .io import CheckpointError
     from .train import Preempted, record_failure, train
     cfg = config_from_args(args)
@@ -100,11 +101,14 @@ def cmd_train(args) -> int:
     except Exception as e:
         if not args.record_failure:
             raise
+        if env_world()[0] != 0:  # under torchrun only rank 0 records a failure; another rank's
+            raise                # crash fails the job (torchrun stops the others; a retry resumes)
         summary = record_failure(cfg, args.out, e)
         print(f"loopscale: run failed and was recorded as failed in {args.out}/summary.json: "
               f"{summary['error']}", file=sys.stderr)
         return 0
-    print(json.dumps({k: summary[k] for k in ("status", "steps", "wall_time_s")}))
+    if env_world()[0] == 0:
+        print(json.dumps({k: summary[k] for k in ("status", "steps", "wall_time_s")}))
     return 0
 
 

@@ -77,7 +77,9 @@ class DataConfig:
 
 @dataclass
 class TrainConfig:
-    batch_size: int = 64
+    batch_size: int = 64  # the global batch (all ranks x grad_accum micro-batches)
+    grad_accum: int = 1  # micro-batches per step and rank: per-rank batch = batch_size / (ranks x grad_accum)
+    fsdp: bool = False  # under torchrun: shard weights/grads/AdamW state over the ranks (FSDP2) instead of DDP
     lr: float = 3e-4  # constant, no warm-up or decay (paper)
     weight_decay: float = 0.01
     betas: list = field(default_factory=lambda: [0.9, 0.999])
@@ -167,6 +169,12 @@ MODEL_PRESETS: dict[str, dict] = {
     # 129M = d768, 12 layers, 12 heads, SwiGLU 3072, seq 256, K=4, batch 32
     "paper-129m": dict(model=dict(vocab_size=20000, d_model=768, n_layers=12, n_heads=12, d_ff=3072,
                                   seq_len=256, n_loops=4), train=dict(batch_size=32)),
+    # Appendix B: 1.4B = d2048, 20 layers, 16 heads, SwiGLU 8192, seq 256, K=4, terminal CE,
+    # global batch 8, 2 epochs, lr 2e-4, bf16 autocast; trained data-parallel (torchrun)
+    "paper-1.4b": dict(model=dict(vocab_size=20000, d_model=2048, n_layers=20, n_heads=16, d_ff=8192,
+                                  seq_len=256, n_loops=4),
+                       objective=dict(loss="terminal"),
+                       train=dict(batch_size=8, epochs=2.0, lr=2e-4, precision="bf16")),
     # laptop scale (calibrated on 2 cores: nine conditions x one seed took 13 min 15 s with
     # `make reproduce` on a fresh clone; the 3-seed cpu experiment is estimated at ~22-25 min,
     # docs/studies.md): the paper's architecture, init, optimiser and losses; narrow, short
@@ -189,6 +197,7 @@ MODEL_PRESETS: dict[str, dict] = {
 EVAL_PRESETS: dict[str, dict] = {
     "paper-44m": {},
     "paper-129m": {},
+    "paper-1.4b": {},
     "cpu": dict(batch_size=32, max_tokens=65536),
     "smoke": dict(batch_size=8, max_tokens=4096, norm_tokens=2048, radial_tokens=1024, lemma_loops=8,
                   lemma_tokens=1024, clamp_tokens=2048, halting_tokens=4096, throughput_batches=3,
@@ -425,7 +434,8 @@ def validate(cfg: RunConfig) -> None:
     m, t, d, o = cfg.model, cfg.train, cfg.data, cfg.objective
     positive = {"model.vocab_size": m.vocab_size, "model.d_model": m.d_model, "model.n_layers": m.n_layers,
                 "model.n_heads": m.n_heads, "model.d_ff": m.d_ff, "model.seq_len": m.seq_len,
-                "model.n_loops": m.n_loops, "train.batch_size": t.batch_size, "train.lr": t.lr,
+                "model.n_loops": m.n_loops, "train.batch_size": t.batch_size,
+                "train.grad_accum": t.grad_accum, "train.lr": t.lr,
                 "train.stride": t.stride, "train.log_every": t.log_every, "train.ckpt_every": t.ckpt_every,
                 "data.vocab_size": d.vocab_size, "train.eval_batch_size": t.eval_batch_size,
                 "objective.ce_chunk_tokens": o.ce_chunk_tokens}
@@ -434,6 +444,8 @@ def validate(cfg: RunConfig) -> None:
             raise ConfigError(f"{key} must be positive, got {v!r}")
     if m.d_model % m.n_heads:
         raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.n_heads ({m.n_heads})")
+    if t.batch_size % t.grad_accum:
+        raise ConfigError(f"train.batch_size ({t.batch_size}) must be divisible by train.grad_accum ({t.grad_accum})")
     if not 0.0 <= m.dropout < 1.0:
         raise ConfigError(f"model.dropout must be in [0, 1), got {m.dropout}")
     if t.max_steps is not None and t.max_steps <= 0:

@@ -50,7 +50,7 @@ from .io import atomic_write_text
 from .registry import AXES, AXIS_DEFAULTS, Condition, axis_values
 
 DIAGNOSTICS = tuple(registry.DIAGNOSTICS)
-NAME_RE = r"[A-Za-z0-9][A-Za-z0-9_.]*"  # experiment, size and condition-set names (path components), full match
+NAME_RE = r"[A-Za-z0-9][A-Za-z0-9_.-]*"  # experiment, size and condition-set names (path components), full match
 
 # wildcard constraints for the rules: tight, so odd values never reach a shell
 WILDCARDS = {
@@ -121,7 +121,9 @@ class Experiment:
     runs: list[PlannedRun]
     data: dict  # resolved DataConfig as a dict
     diagnostics: tuple[str, ...]
-    gpu: int = 0
+    gpu: int = 0  # GPUs of each evaluation job (and of training, when gpus_per_run is 1)
+    gpus_per_run: int = 1  # training ranks of one run (torchrun when > 1)
+    nodes_per_run: int = 1  # nodes those ranks span (SLURM; srun starts one torchrun per node)
     description: str = ""
     index: dict = field(default_factory=dict)  # (size, cond, seed) -> PlannedRun
 
@@ -134,6 +136,34 @@ class Experiment:
     @property
     def data_dir(self) -> str:
         return data_dir(self.name)
+
+    @property
+    def train_resources(self) -> dict:
+        """Snakemake resources of one training job. One node: `gpu` (sbatch --gpus); several:
+        `nodes`, one task per node (`tasks`, `mpi`: the job's shell runs srun itself) and
+        `gres` GPUs per node. On a CPU experiment (gpu 0) the ranks run on CPU."""
+        gpus = self.gpus_per_run if self.gpu else 0
+        if self.nodes_per_run == 1:
+            return {"gpu": gpus}
+        res = {"nodes": self.nodes_per_run, "tasks": self.nodes_per_run, "mpi": "srun"}
+        if gpus:
+            res["gres"] = f"gpu:{gpus // self.nodes_per_run}"
+        return res
+
+    @property
+    def train_launcher(self) -> str:
+        """The command that starts `loopscale train` with its arguments appended: the plain
+        CLI, torchrun on one node, or srun + torchrun with a c10d rendezvous on the first
+        node of the SLURM allocation."""
+        if self.gpus_per_run == 1:
+            return "loopscale train"
+        per_node = self.gpus_per_run // self.nodes_per_run
+        if self.nodes_per_run == 1:
+            return f"torchrun --standalone --nproc-per-node {per_node} -m loopscale.cli train"
+        return ('srun --ntasks-per-node=1 torchrun --nnodes "$SLURM_NNODES" '
+                f'--nproc-per-node {per_node} --rdzv-backend c10d --rdzv-id "$SLURM_JOB_ID" '
+                '--rdzv-endpoint "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1):29500" '
+                '-m loopscale.cli train')
 
 
 def run_dir(exp: str, size: str, cond: str, seed) -> str:
@@ -327,6 +357,10 @@ def build_experiment(params: dict, name: str) -> Experiment:
         raise ParamsError(f"{where}.conditions: no conditions")
     seeds = list(exp["seeds"])
     diagnostics = tuple(exp.get("diagnostics", params.get("diagnostics", DIAGNOSTICS)))
+    gpus_per_run, nodes_per_run = int(exp.get("gpus_per_run", 1)), int(exp.get("nodes_per_run", 1))
+    if gpus_per_run % nodes_per_run:
+        raise ParamsError(f"{where}.gpus_per_run: {gpus_per_run} ranks do not split evenly over "
+                          f"nodes_per_run {nodes_per_run}")
     runs, data, data_from = [], None, None
     for size, spec in exp["sizes"].items():
         swhere = f"{where}.sizes.{size}"
@@ -358,9 +392,13 @@ def build_experiment(params: dict, name: str) -> Experiment:
                 rc = _build(RunConfig, RunConfig().to_dict(), size_layers + [
                     (cs.where, "", axes), (f"{cs.where}.overrides", "", cond_train),
                     (f"{where}.seeds", "train", {"seed": seed})], f"{swhere} x {c.id} x seed {seed}")
+                if rc.train.batch_size % (gpus_per_run * rc.train.grad_accum):
+                    raise ParamsError(f"{where}.gpus_per_run: train.batch_size {rc.train.batch_size} of {swhere} "
+                                      f"(the global batch) is not divisible by gpus_per_run x train.grad_accum "
+                                      f"({gpus_per_run} x {rc.train.grad_accum})")
                 runs.append(PlannedRun(name, size, Condition.from_config(rc.to_dict()), int(seed), rc, ev))
     e = Experiment(name=name, runs=runs, data=data, diagnostics=diagnostics, gpu=int(exp.get("gpu", 0)),
-                   description=exp.get("description", ""))
+                   gpus_per_run=gpus_per_run, nodes_per_run=nodes_per_run, description=exp.get("description", ""))
     e.index = {(r.size, r.condition.id, r.seed): r for r in runs}
     return e
 

@@ -13,6 +13,11 @@ Files written into the run directory:
 The data order is a pure function of (seed, epoch), so a resumed run sees exactly the
 batches an uninterrupted one would, and with the RNG state restored it computes the same
 losses bit for bit on CPU.
+
+Launched by torchrun, the same function trains data-parallel (loopscale.distributed): each
+rank computes on its share of the same global batch, rank 0 alone writes the files above
+(state.pt holds every rank's RNG state), and SIGTERM or a non-finite value on any rank
+stops every rank at the same step.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import datetime
 import json
 import logging
 import math
+import os
 import signal
 import sys
 import threading
@@ -32,6 +38,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import data as D
+from . import distributed as DD
 from .config import RunConfig
 from .evaluate import exit_losses
 from .io import (CheckpointError, atomic_torch_save, atomic_write_json, atomic_write_text,
@@ -44,7 +51,7 @@ logger = logging.getLogger("loopscale.train")
 
 # settings that may change between a checkpoint and its resumption without changing results
 _RESUME_FREE = {"max_steps", "epochs", "log_every", "ckpt_every", "eval_every", "eval_tokens",
-                "eval_batch_size", "device", "threads", "compile", "activation_checkpointing", "tensorboard"}
+                "eval_batch_size", "device", "threads", "compile", "activation_checkpointing", "tensorboard", "fsdp"}
 
 
 def _progress_line(rec: dict, total_steps: int, tokens_per_step: int) -> str:
@@ -79,16 +86,18 @@ def resume_comparable(cfg: dict) -> dict:
 
 
 def build(cfg: RunConfig, device: torch.device, *, compile: bool | None = None,
-          checkpoint: bool | None = None) -> tuple[LoopedLM, torch.optim.Optimizer, torch.nn.Module]:
+          checkpoint: bool | None = None, dd: DD.Dist = DD.Dist()) -> tuple[LoopedLM, torch.optim.Optimizer, torch.nn.Module]:
     """The model (initialised from the current torch seed), its AdamW, and what the training
-    step calls for the forward pass (the model, or its torch.compile'd wrapper).
+    step calls for the forward pass (the model, its DDP wrapper or, with train.fsdp, the
+    model sharded in place under torchrun; torch.compile'd with train.compile).
     `compile`/`checkpoint` default to train.compile / train.activation_checkpointing."""
     tc = cfg.train
     model = LoopedLM(cfg.model).to(device)
-    opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay,
-                            fused=device.type == "cuda")
     model.checkpoint_blocks = tc.activation_checkpointing if checkpoint is None else checkpoint
-    fwd = torch.compile(model) if (tc.compile if compile is None else compile) else model
+    net = DD.wrap(model, dd, tc.fsdp)  # before the optimiser: FSDP replaces the parameters
+    opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay,
+                            fused=device.type == "cuda" and not (dd.enabled and tc.fsdp))
+    fwd = torch.compile(net) if (tc.compile if compile is None else compile) else net
     return model, opt, fwd
 
 
@@ -100,24 +109,57 @@ class StepOutput:
 
 
 def train_step(model: LoopedLM, fwd, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
-               cfg: RunConfig, device: torch.device, *, all_exits: bool = False) -> StepOutput:
+               cfg: RunConfig, device: torch.device, *, all_exits: bool = False,
+               dd: DD.Dist = DD.Dist()) -> StepOutput:
     """One optimiser step: forward under autocast, the objective, backward, gradient clipping,
     the divergence check, AdamW. A non-finite loss, gradient or norm is caught before the
     update, so a diverged update never lands (one host synchronisation per step).
 
     `fwd` runs the forward pass (the model, its compiled or a data-parallel wrapper); `model`
     gives the readout and head the objective reads. `all_exits` also measures the exits that
-    are not in the loss (for logging)."""
-    with autocast(device, cfg.train.precision):
-        states = fwd(x)
-        res = compute_loss(model, states, y, cfg.objective, all_exits=all_exits)
+    are not in the loss (for logging).
+
+    Data-parallel (`dd` of a torchrun job): x, y are this rank's share of the global batch;
+    the gradients are averaged over the ranks, and the divergence check is agreed by all of
+    them (one all-reduce), so every rank updates or stops at the same step. The returned
+    loss values are this rank's (`global_mean` gives the global batch's). With
+    train.grad_accum > 1, x, y are split into that many micro-batches, their gradients
+    summed before one update (reduced across ranks once, after the last)."""
+    parts = cfg.train.grad_accum
     opt.zero_grad(set_to_none=True)
-    res.total.backward()
-    gnorm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip)
-    finite = bool(torch.isfinite(res.total) & torch.isfinite(gnorm) & torch.isfinite(res.norms).all())
+    res = None
+    for j, (xm, ym) in enumerate(zip(x.chunk(parts), y.chunk(parts))):
+        with DD.no_sync(fwd, sync=j == parts - 1):
+            with autocast(device, cfg.train.precision):
+                states = fwd(xm)
+                r = compute_loss(model, states, ym, cfg.objective, all_exits=all_exits)
+            (r.total / parts).backward()
+        res = r if res is None else _add(res, r)
+    if parts > 1:
+        res = _scale(res, 1 / parts)
+    gnorm = DD.full_tensor(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip))
+    bad = ~(torch.isfinite(res.total) & torch.isfinite(gnorm) & torch.isfinite(res.norms).all())
+    finite = not bool(DD.any_true(bad, dd))
     if finite:
         opt.step()
     return StepOutput(res, gnorm, finite)
+
+
+def _add(a: LossOutput, b: LossOutput) -> LossOutput:
+    return LossOutput(a.total.detach() + b.total.detach(), a.ce + b.ce, a.norms + b.norms, a.penalty + b.penalty)
+
+
+def _scale(a: LossOutput, f: float) -> LossOutput:
+    return LossOutput(a.total * f, a.ce * f, a.norms * f, a.penalty * f)
+
+
+def global_mean(res: LossOutput, dd: DD.Dist) -> LossOutput:
+    """The global batch's loss values: the mean of every rank's (one all-reduce)."""
+    if not dd.enabled:
+        return res
+    K = res.ce.numel()
+    flat = DD.mean(torch.cat([res.total.detach().float().view(1), res.penalty.float().view(1), res.ce, res.norms]), dd)
+    return LossOutput(flat[0], flat[2:2 + K], flat[2 + K:], flat[1])
 
 
 class _SigtermFlag:
@@ -198,7 +240,8 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
     tc, mc = cfg.train, cfg.model
     if tc.threads > 0:
         torch.set_num_threads(tc.threads)
-    device = resolve_device(tc.device)
+    dd = DD.setup(resolve_device(tc.device))  # a no-op Dist(world=1) outside torchrun
+    device, main = dd.device, dd.is_main
     enable_tf32(device)
 
     meta = D.load_meta(data_dir)
@@ -213,9 +256,12 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
         raise D.DataError(f"training split has {len(starts)} windows, fewer than one batch of "
                           f"{tc.batch_size}; lower train.batch_size or use a larger corpus")
     total_steps = tc.max_steps or max(1, math.ceil(tc.epochs * steps_per_epoch))
+    DD.micro_batch_size(tc.batch_size, dd.world, tc.grad_accum)  # checks the global batch divides
 
     torch.manual_seed(tc.seed)
-    model, opt, fwd = build(cfg, device)
+    model, opt, fwd = build(cfg, device, dd=dd)
+    if dd.rank > 0:  # own dropout masks per rank (rank 0 keeps the single-process stream)
+        torch.manual_seed(DD.rank_seed(tc.seed, dd.rank))
 
     state_path, metrics_path = out / "state.pt", out / "metrics.jsonl"
     done = _finished_summary(out, cfg)
@@ -227,41 +273,48 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
         if resume_comparable(ck["config"]) != resume_comparable(cfg.to_dict()):
             raise CheckpointError(f"checkpoint {state_path} was written with a different config; "
                                   f"delete the run directory {out} to start over")
-        model.load_state_dict(ck["model"])
-        opt.load_state_dict(ck["optimizer"])
-        torch.set_rng_state(ck["rng_cpu"])
-        if device.type == "cuda" and ck.get("rng_cuda") is not None:
-            torch.cuda.set_rng_state(ck["rng_cuda"])
+        DD.load_states(model, opt, ck["model"], ck["optimizer"], dd, tc.fsdp)
+        ranks = ck.get("rng_ranks") or [{"cpu": ck["rng_cpu"], "cuda": ck.get("rng_cuda")}]
+        if dd.rank < len(ranks):  # a checkpoint of fewer ranks leaves the others their fresh seeds
+            DD.set_rng_state(ranks[dd.rank], device)
         step, elapsed_before = ck["step"], ck.get("elapsed", 0.0)
-        _metrics_upto(metrics_path, step)
-        logger.info("resuming from %s at step %d/%d", state_path, step, total_steps)
-    elif metrics_path.exists():
+        if main:
+            _metrics_upto(metrics_path, step)
+            logger.info("resuming from %s at step %d/%d", state_path, step, total_steps)
+    elif metrics_path.exists() and main:
         metrics_path.unlink()
+    DD.barrier(dd)  # rank 0 has read or dropped the old files before it writes new ones
 
-    env = run_environment(str(device))
-    atomic_write_json(out / "config.json", {"config": cfg.to_dict(), "env": env, "data": {
-        k: meta.get(k) for k in ("vocab_size", "tokens", "source_sha256", "tokenizer_sha256")}})
+    if main:
+        env = run_environment(str(device))
+        if dd.enabled:
+            env["distributed"] = {"world_size": dd.world, "fsdp": tc.fsdp, "backend": torch.distributed.get_backend()}
+        atomic_write_json(out / "config.json", {"config": cfg.to_dict(), "env": env, "data": {
+            k: meta.get(k) for k in ("vocab_size", "tokens", "source_sha256", "tokenizer_sha256")}})
 
-    def state_dict(status="running"):
-        return {"model": model.state_dict(), "optimizer": opt.state_dict(), "config": cfg.to_dict(),
-                "step": step, "rng_cpu": torch.get_rng_state(),
-                "rng_cuda": torch.cuda.get_rng_state() if device.type == "cuda" else None,
-                "elapsed": elapsed_before + time.time() - t0, "status": status}
+    def save_state():  # every rank calls it (FSDP gathers the shards); rank 0 writes
+        rng = DD.gather(DD.rng_state(device), dd)
+        state = {"model": DD.model_state(model, dd, tc.fsdp), "optimizer": DD.optimizer_state(model, opt, dd, tc.fsdp),
+                 "config": cfg.to_dict(), "step": step, "rng_cpu": rng[0]["cpu"], "rng_cuda": rng[0]["cuda"],
+                 "rng_ranks": rng, "world_size": dd.world,
+                 "elapsed": elapsed_before + time.time() - t0, "status": "running"}
+        if main:
+            atomic_torch_save(state_path, state)
 
     def validate() -> dict:
         r = exit_losses(model, val_tokens, tc.eval_batch_size, tc.eval_tokens, device=device)
         return {"step": step, "split": "validation", "tokens": r["tokens"], "val_ce": r["ce"],
                 "val_norm": r["norm"]}
 
-    log = open(metrics_path, "a")
+    log = open(metrics_path, "a") if main else open(os.devnull, "w")
     perm_epoch, perm = -1, None
     last_good: dict | None = None
     status, diverged_at = "completed", None
     # a progress bar on a terminal; otherwise (pipeline logs, SLURM) a log line every log_every steps
-    show_bar = progress and sys.stderr.isatty()
+    show_bar = progress and main and sys.stderr.isatty()
     bar = tqdm(total=total_steps, initial=step, disable=not show_bar, desc=out.name, mininterval=1.0,
                dynamic_ncols=True)
-    tb = _tensorboard(out / "tensorboard") if tc.tensorboard else None
+    tb = _tensorboard(out / "tensorboard") if tc.tensorboard and main else None
     t_log, tok_log = time.time(), 0
     try:
         with _SigtermFlag() as sigterm:
@@ -271,32 +324,36 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
                 if epoch != perm_epoch:  # data order: a function of (seed, epoch) only
                     perm = np.random.default_rng([tc.seed, epoch]).permutation(len(starts))
                     perm_epoch = epoch
-                x, y = D.get_batch(train_tokens, starts[perm[i * tc.batch_size:(i + 1) * tc.batch_size]],
-                                   mc.seq_len)
+                batch = perm[i * tc.batch_size:(i + 1) * tc.batch_size]  # the global batch
+                x, y = D.get_batch(train_tokens, starts[DD.shard(batch, dd.rank, dd.world)], mc.seq_len)
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 is_log = (step + 1) % tc.log_every == 0 or step + 1 == total_steps
-                done_step = train_step(model, fwd, opt, x, y, cfg, device, all_exits=is_log)
-                if not done_step.finite:  # the update was not applied
+                done_step = train_step(model, fwd, opt, x, y, cfg, device, all_exits=is_log, dd=dd)
+                if not done_step.finite:  # the update was not applied (on any rank)
                     status, diverged_at = "diverged", step + 1
                     break
                 res, gnorm = done_step.loss, done_step.grad_norm
                 step += 1
-                tok_log += y.numel()
+                tokens_per_step = tc.batch_size * mc.seq_len
+                tok_log += tokens_per_step
                 bar.update(1)
                 if is_log:
                     now = time.time()
-                    rec = {"step": step, "tokens": step * y.numel(), "loss": res.total.item(),
+                    res = global_mean(res, dd)
+                    rec = {"step": step, "tokens": step * tokens_per_step, "loss": res.total.item(),
                            "ce": res.ce.tolist(), "norm": res.norms.tolist(), "penalty": res.penalty.item(),
                            "grad_norm": gnorm.item(), "lr": tc.lr,
                            "tok_per_s": tok_log / max(now - t_log, 1e-9),
                            "elapsed": elapsed_before + now - t0}
+                    if device.type == "cuda":  # this rank's peak (the ranks' shapes are equal)
+                        rec["max_memory_bytes"] = torch.cuda.max_memory_allocated(device)
                     t_log, tok_log = now, 0
                     last_good = rec
                     log.write(json.dumps(rec) + "\n")
                     log.flush()
                     bar.set_postfix(loss=f"{rec['loss']:.3f}", normK=f"{rec['norm'][-1]:.3g}")
-                    if not show_bar:
-                        logger.info(_progress_line(rec, total_steps, y.numel()))
+                    if not show_bar and main:
+                        logger.info(_progress_line(rec, total_steps, tokens_per_step))
                     if tb is not None:
                         tb.add_scalar("train/loss", rec["loss"], step)
                         tb.add_scalar("train/norm_K", rec["norm"][-1], step)
@@ -309,9 +366,9 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
                     log.write(json.dumps(validate()) + "\n")
                     log.flush()
                 if step % tc.ckpt_every == 0 and step < total_steps:
-                    atomic_torch_save(state_path, state_dict())
-                if sigterm.raised:
-                    atomic_torch_save(state_path, state_dict())
+                    save_state()
+                if DD.any_true(torch.tensor(sigterm.raised), dd):  # SIGTERM on any rank stops all
+                    save_state()
                     raise Preempted(f"SIGTERM at step {step}/{total_steps}: state saved to {state_path}; "
                                     f"rerun the same command to resume")
     finally:
@@ -323,21 +380,26 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
     summary = {"status": status, "steps": step, "total_steps": total_steps,
                "config_fingerprint": cfg.fingerprint(),
                "tokens": step * tc.batch_size * mc.seq_len, "params": model.num_params(),
-               "wall_time_s": elapsed_before + time.time() - t0, "device": str(device)}
+               "wall_time_s": elapsed_before + time.time() - t0, "device": str(device), "world_size": dd.world}
     if status == "diverged":
         summary.update(diverged_at_step=diverged_at, last_finite=last_good)
         val = None
     else:
         val = validate()
-        with open(metrics_path, "a") as f:
-            f.write(json.dumps(val) + "\n")
+        if main:
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps(val) + "\n")
         summary.update(final_train=last_good, validation=val)
-        logger.info("done: %d steps, validation CE %s", step, " ".join(f"{c:.4f}" for c in val["val_ce"]))
+        if main:
+            logger.info("done: %d steps, validation CE %s", step, " ".join(f"{c:.4f}" for c in val["val_ce"]))
     # the final model: last finite weights (a diverged update is never applied)
-    atomic_torch_save(out / "model.pt", {"model": model.state_dict(), "config": cfg.to_dict(),
-                                         "step": step, "status": status})
-    from .artifacts import write_artifacts  # model.safetensors + tokenizer files (artifacts.py)
-    write_artifacts(out, model, cfg, data_dir)
-    atomic_write_json(out / "summary.json", summary)
-    state_path.unlink(missing_ok=True)
+    weights = DD.model_state(model, dd, tc.fsdp)  # every rank (FSDP gathers the shards)
+    if main:
+        atomic_torch_save(out / "model.pt", {"model": weights, "config": cfg.to_dict(),
+                                             "step": step, "status": status})
+        from .artifacts import write_artifacts  # model.safetensors + tokenizer files (artifacts.py)
+        write_artifacts(out, DD.plain_model(model, weights, dd, tc.fsdp), cfg, data_dir)
+        atomic_write_json(out / "summary.json", summary)
+        state_path.unlink(missing_ok=True)
+    DD.barrier(dd)  # no rank reports the run finished before its files exist
     return summary

@@ -73,3 +73,8 @@ def run_dirs(wc):
 
 def job_threads(wc):
     return run_of(wc).config.train.threads or 1
+
+
+def train_threads(wc):
+    """A training job's CPUs: train.threads for each of its ranks on one node."""
+    return job_threads(wc) * (EXP.gpus_per_run // EXP.nodes_per_run)

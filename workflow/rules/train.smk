@@ -15,6 +15,9 @@
 # state.pt and exits 143, a failed job; Snakemake retries it (`--retries`, set by the
 # SLURM profiles) and the retry resumes from state.pt. A crash is a result (status
 # failed), not retried.
+#
+# An experiment with gpus_per_run > 1 trains through torchrun (one rank per GPU; srun starts
+# one torchrun per node when nodes_per_run > 1): Experiment.train_launcher/train_resources.
 
 
 rule train:
@@ -31,11 +34,12 @@ rule train:
     params:
         run=run_dir_of,
         data=data_dir_of,
-    threads: job_threads
+        launch=EXP.train_launcher,
+    threads: train_threads
     resources:
-        gpu=EXP.gpu,
+        **EXP.train_resources,
     conda:
         "../envs/loopscale.yaml"
     shell:
-        "loopscale train --config {input.config:q} --data {params.data:q} --out {params.run:q}"
+        "{params.launch} --config {input.config:q} --data {params.data:q} --out {params.run:q}"
         " -q --record-failure --drop-stale-state > {log:q} 2>&1"
