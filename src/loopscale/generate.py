@@ -237,6 +237,8 @@ def bench_generation_cli(run_dir: str, new_tokens: int, device: str, threads: Op
 # ---------------------------------------------------------------------------
 def cmd_generate(args) -> int:
     from .artifacts import load
+    if args.threads:
+        torch.set_num_threads(args.threads)
     model, tok, cfg = load(args.run, device=args.device)
     halt = None
     if args.halt:
@@ -271,4 +273,5 @@ def add_cli(subparsers) -> None:
                    help="per-token halting with this policy's calibrated threshold (RUN/eval/halting.json)")
     p.add_argument("--threshold", type=float, default=None, help="override the calibrated halting threshold")
     p.add_argument("--device", default="cpu", help="cpu | cuda")
+    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
     p.set_defaults(func=cmd_generate)
