@@ -157,8 +157,9 @@ def _set_log(ax, axis: str, values) -> None:
 
 
 def _zoom(ax, band: list, values: list) -> None:
-    """Zoom the y axis (linear) to the band where the conditions differ: from the lowest
-    value to the highest of `band` (the values at K_train). The axes above (`_panels(...,
+    """Zoom the y axis to the band where the conditions differ: from the lowest value to
+    the highest of `band` (the values at K_train); linear, or log where the band spans more
+    than a factor 3. The axes above (`_panels(...,
     overview=True)`) repeat every line over the full range on a log scale with the zoomed
     band shaded, so the extreme exits and depths stay visible (a broken axis)."""
     band = [v for v in band if _positive(v)]
@@ -170,10 +171,16 @@ def _zoom(ax, band: list, values: list) -> None:
             top_ax.set_visible(False)
         return
     lo, hi = min(allv), max(band)
-    span = max(hi - lo, 0.02 * hi)
-    bottom, top = lo - 0.08 * span, hi + 0.15 * span
+    if hi / lo > 3:  # the band itself spans a factor > 3: a log axis reads better
+        bottom, top = lo / 1.1, hi * 1.25
+        _log(ax, "y", [bottom, top])
+        scale = "log"
+    else:
+        span = max(hi - lo, 0.02 * hi)
+        bottom, top = lo - 0.08 * span, hi + 0.15 * span
+        scale = "linear"
     ax.set_ylim(bottom, top)
-    ax.text(0.01, 0.01, "linear, zoomed to the band of the values at K_train", transform=ax.transAxes, fontsize=7,
+    ax.text(0.01, 0.01, f"{scale}, zoomed to the band of the values at K_train", transform=ax.transAxes, fontsize=7,
             color="0.35", va="bottom")
     if top_ax is None:
         return
@@ -195,6 +202,8 @@ def _lift_titles(fig) -> None:
     """A panel with an overview above it shows its title on the overview."""
     for ax in fig.axes:
         top_ax = getattr(ax, "_overview", None)
+        if top_ax is not None and not top_ax.get_lines():  # no data: no overview
+            top_ax.set_visible(False)
         if top_ax is not None and top_ax.get_visible() and ax.get_title():
             top_ax.set_title(ax.get_title())
             ax.set_title("")
