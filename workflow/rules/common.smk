@@ -78,3 +78,10 @@ def job_threads(wc):
 def train_threads(wc):
     """A training job's CPUs: train.threads for each of its ranks on one node."""
     return job_threads(wc) * (EXP.gpus_per_run // EXP.nodes_per_run)
+
+
+def reported_table(table):
+    """A result table marked for `snakemake --report` (claims first, then the other tables)."""
+    claims = table == "claims"
+    return report(f"results/{{exp}}/{table}.csv", caption=f"../report/{'claims' if claims else 'tables'}.rst",
+                  category="Claims" if claims else "Tables", labels={"table": table})

@@ -16,12 +16,6 @@ localrules:
     report,
 
 
-def reported_table(table):
-    claims = table == "claims"
-    return report(f"results/{{exp}}/{table}.csv", caption=f"../report/{'claims' if claims else 'tables'}.rst",
-                  category="Claims" if claims else "Tables", labels={"table": table})
-
-
 rule aggregate:
     """Tables (CSV + Markdown) of every run and condition, and the paper's claims."""
     input:
