@@ -8,12 +8,10 @@ import json
 import pytest
 import yaml
 
+from loopscale.report.figures import FIGURES
 from test_pipeline import DVC, fresh_copy, run, smoke_local, smoke_runs  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.slow
-
-FIGURES = ["norm_per_loop", "norm_training", "ppl_depth", "frontier", "radial_vs_norm", "norm_histogram", "lemma",
-           "drift"]
 
 
 def metrics_of(repo) -> dict:

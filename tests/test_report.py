@@ -2,13 +2,16 @@
 figures and determinism -- all on small synthetic run directories."""
 from __future__ import annotations
 
+import ast
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 from loopscale.config import preset
 from loopscale.report import claims as C
@@ -437,6 +440,19 @@ def test_every_figure_also_as_pdf(grid, tmp_path):
     for p in paths:
         pdf = p.with_suffix(".pdf")
         assert pdf.read_bytes().startswith(b"%PDF-"), pdf
+
+
+def test_workflow_captions_and_dvc_plots_name_every_figure():
+    """The figure list lives in loopscale.report.figures; the Snakemake rule's outputs, the
+    report captions and dvc.yaml's plots must name the same figures."""
+    repo = Path(__file__).resolve().parents[1]
+    smk = (repo / "workflow" / "rules" / "report.smk").read_text()
+    listed = ast.literal_eval(re.search(r"^FIGURES = (\[.*?\])", smk, re.S | re.M).group(1))
+    assert listed == list(FIGURES)
+    captions = re.findall(r"^(\w+)$", (repo / "workflow" / "report" / "figures.rst").read_text(), re.M)
+    assert captions == list(FIGURES)
+    plots = {p for p in yaml.safe_load((repo / "dvc.yaml").read_text())["plots"] if isinstance(p, str)}
+    assert plots == {f"results/{exp}/figures/{f}.png" for exp in ("smoke", "cpu") for f in FIGURES}
 
 
 def test_drift_law_never_extrapolates_a_negative_norm():

@@ -7,10 +7,9 @@ import zipfile
 
 import pytest
 
+from loopscale.report.figures import FIGURES
 from test_pipeline import SMOKE, smk, smoke_local  # noqa: F401  (fixture)
 
-FIGURES = ["norm_per_loop", "norm_training", "ppl_depth", "frontier", "radial_vs_norm", "norm_histogram", "lemma",
-           "drift"]
 TABLES = ["claims", "main", "depth", "norms", "norm_loops", "radial", "lemma", "clamp", "halting", "drift", "runs"]
 
 pytestmark = pytest.mark.slow
