@@ -112,3 +112,18 @@ def test_activation_checkpointing_gives_the_same_run(smoke_data, tmp_path):
     train(cfg(), smoke_data, tmp_path / "plain", progress=False)
     train(cfg(activation_checkpointing=True), smoke_data, tmp_path / "ckpt", progress=False)
     assert losses(tmp_path / "ckpt") == losses(tmp_path / "plain")
+
+
+@pytest.mark.parametrize("setting", [("lr", float("inf")), ("grad_clip", float("nan"))])
+def test_a_non_finite_update_never_lands(smoke_data, tmp_path, setting):
+    """The loss and gradient are finite, the update is not (settings the validation refuses,
+    set behind its back): the step is undone and model.pt keeps the last finite weights."""
+    c = cfg(max_steps=8)
+    setattr(c.train, *setting)
+    s = train(c, smoke_data, tmp_path / "run", progress=False)
+    assert s["status"] == "diverged" and s["diverged_at_step"] == 1
+    saved = torch.load(tmp_path / "run" / "model.pt", weights_only=True)
+    torch.manual_seed(c.train.seed)
+    from loopscale.model import LoopedLM
+    init = LoopedLM(c.model).state_dict()
+    assert all(torch.equal(saved["model"][k], init[k]) for k in init)  # the weights before the bad step

@@ -101,19 +101,44 @@ def build(cfg: RunConfig, device: torch.device, *, compile: bool | None = None,
     return model, opt, fwd
 
 
+class LastFinite:
+    """The weights before the latest optimiser step, so a step that leaves any weight non-finite
+    (an overflowing update, a NaN clip threshold) can be undone and a diverged run keeps its
+    last finite weights. Costs one copy of the parameters on their device."""
+
+    def __init__(self, params):
+        # this rank's shard of each parameter (FSDP's are DTensors; DDP's and plain ones are whole)
+        self.params = [p.to_local() if hasattr(p, "to_local") else p for p in params]
+        self.copy = [torch.empty_like(p) for p in self.params]
+
+    @torch.no_grad()
+    def save(self) -> None:
+        torch._foreach_copy_(self.copy, self.params)
+
+    @torch.no_grad()
+    def finite(self) -> torch.Tensor:
+        return torch.stack(torch._foreach_norm(self.params, math.inf)).isfinite().all()
+
+    @torch.no_grad()
+    def restore(self) -> None:
+        torch._foreach_copy_(self.params, self.copy)
+
+
 @dataclass
 class StepOutput:
     loss: LossOutput
     grad_norm: torch.Tensor  # total gradient norm before clipping
-    finite: bool  # loss, gradient norm and state norms all finite; if not, no update was applied
+    finite: bool  # loss, gradient norm, state norms (and with a guard the weights) finite; if not, no update landed
 
 
 def train_step(model: LoopedLM, fwd, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
                cfg: RunConfig, device: torch.device, *, all_exits: bool = False,
-               dd: DD.Dist = DD.Dist()) -> StepOutput:
+               dd: DD.Dist = DD.Dist(), guard: LastFinite | None = None) -> StepOutput:
     """One optimiser step: forward under autocast, the objective, backward, gradient clipping,
     the divergence check, AdamW. A non-finite loss, gradient or norm is caught before the
-    update, so a diverged update never lands (one host synchronisation per step).
+    update, so a diverged update never lands (one host synchronisation per step). With a
+    `guard` (training passes one) the weights after the update are checked too, and a step
+    that made any of them non-finite is undone.
 
     `fwd` runs the forward pass (the model, its compiled or a data-parallel wrapper); `model`
     gives the readout and head the objective reads. `all_exits` also measures the exits that
@@ -139,9 +164,16 @@ def train_step(model: LoopedLM, fwd, opt: torch.optim.Optimizer, x: torch.Tensor
         res = _scale(res, 1 / parts)
     gnorm = DD.full_tensor(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip))
     bad = ~(torch.isfinite(res.total) & torch.isfinite(gnorm) & torch.isfinite(res.norms).all())
-    finite = not bool(DD.any_true(bad, dd))
-    if finite:
-        opt.step()
+    if guard is None:
+        finite = not bool(DD.any_true(bad, dd))
+        if finite:
+            opt.step()
+        return StepOutput(res, gnorm, finite)
+    guard.save()
+    opt.step()
+    finite = not bool(DD.any_true(bad | ~guard.finite(), dd))  # still one synchronisation
+    if not finite:
+        guard.restore()
     return StepOutput(res, gnorm, finite)
 
 
@@ -308,6 +340,7 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
 
     log = open(metrics_path, "a") if main else open(os.devnull, "w")
     perm_epoch, perm = -1, None
+    guard = LastFinite(model.parameters())
     last_good: dict | None = None
     status, diverged_at = "completed", None
     # a progress bar on a terminal; otherwise (pipeline logs, SLURM) a log line every log_every steps
@@ -328,7 +361,7 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
                 x, y = D.get_batch(train_tokens, starts[DD.shard(batch, dd.rank, dd.world)], mc.seq_len)
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 is_log = (step + 1) % tc.log_every == 0 or step + 1 == total_steps
-                done_step = train_step(model, fwd, opt, x, y, cfg, device, all_exits=is_log, dd=dd)
+                done_step = train_step(model, fwd, opt, x, y, cfg, device, all_exits=is_log, dd=dd, guard=guard)
                 if not done_step.finite:  # the update was not applied (on any rank)
                     status, diverged_at = "diverged", step + 1
                     break
