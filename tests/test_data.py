@@ -364,3 +364,20 @@ def test_max_documents_keeps_the_first_documents_of_each_split():
     part = D.load_corpus(DataConfig(max_documents=3))
     for split in ("train", "validation", "test"):
         assert part[split] == full[split][:3]
+
+
+@pytest.mark.parametrize("line", ["!?.,;:-" * 3000, "x" * 20000, " " * 20000, "ab!" * 7000],
+                         ids=["punctuation", "one long word", "whitespace", "mixed"])
+def test_any_line_is_cut_into_bounded_pieces(line):
+    """A long line without a word boundary (10 MB of punctuation once needed 3.9 GB) is cut
+    too: every piece holds at most 2 * chunk_chars characters, so memory per piece is bounded."""
+    pieces = list(D._chunks("the start " + line + " the end", 1000))
+    assert "".join(pieces) == "the start " + line + " the end"
+    assert max(map(len, pieces)) <= 2000 and len(pieces) >= 10
+
+
+def test_a_long_punctuation_line_encodes_as_a_whole():
+    text = "a line of words\n" + "!?.,;:-" * 3000 + "\nand more words"
+    tok = D.fit_tokenizer(DataConfig(vocab_size=64, min_frequency=1), {"train": [text], "validation": [], "test": []})
+    chunked = np.concatenate(list(D._encode_pieces(tok, text, chunk_chars=500)))
+    assert chunked.tolist() == tok.encode(text).ids  # the word tokenizer's cuts are exact

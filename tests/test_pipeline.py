@@ -277,6 +277,14 @@ BAD = [
     (_mut(["experiments", "smoke", "diagnostics"], ["depth", "nroms"]), "experiments.smoke.diagnostics[1]"),
     (_mut(["experiments", "smoke", "sizes", "a/b"], {"preset": "smoke"}), "experiments.smoke.sizes"),
     (_mut(["experiment"], "nope"), "experiment: unknown experiment 'nope'"),
+    (_mut(["condition_sets", "blind_spot", 1], {"readout": "raw", "loss": "per_loop",
+                                                 "overrides": {"model": {"readout": "rmsnorm"}}}),
+     "condition_sets.blind_spot[1].overrides.model.readout: 'rmsnorm' contradicts the condition's readout 'raw'"),
+    (_mut(["experiments", "smoke", "conditions"], {"grid": {"readout": ["raw"], "loss": ["per_loop"]},
+                                                   "overrides": {"objective": {"loss": "terminal"}}}),
+     "experiments.smoke.conditions.grid.overrides.objective.loss: 'terminal' contradicts"),
+    (_mut(["experiments", "smoke", "sizes", "smoke", "overrides"], {"model": {"recurrence": "inter_loop_norm"}}),
+     "experiments.smoke.sizes.smoke.overrides.model.recurrence: the conditions set the recurrence"),
 ]
 
 
@@ -475,6 +483,24 @@ def test_bad_params_stop_snakemake_with_one_line(dry_workspace):
         "loopscale pipeline: error: params.yaml: experiments.smoke.conditions: unknown condition set "
         "'blind_spots'; define it under condition_sets (defined: paper7, loopscale9, blind_spot, "
         "appendix_b, appendix_b_per_loop)"]
+    assert tree_digest(dry_workspace) == before
+
+
+@pytest.mark.parametrize("section,key,value", [("eval", "depth_factor", 0), ("train", "threads", -3),
+                                               ("train", "grad_clip", 0)])
+def test_a_setting_out_of_range_stops_snakemake(dry_workspace, section, key, value):
+    """Range checks (config.validate) run while Snakemake builds the DAG: before any job, and
+    before an eval job's outputs could be deleted."""
+    before = tree_digest(dry_workspace)
+    good = (dry_workspace / "params.yaml").read_text()
+    try:
+        edit_params(dry_workspace, lambda p: p["experiments"]["smoke"].update({section: {key: value}}))
+        proc = smk(dry_workspace, "-n", *SMOKE, check=False)
+    finally:
+        (dry_workspace / "params.yaml").write_text(good)
+    lines = proc.stderr.strip().splitlines()
+    assert proc.returncode != 0 and len(lines) == 1
+    assert lines[0].startswith("loopscale pipeline: error:") and f"{section}.{key} must be" in lines[0]
     assert tree_digest(dry_workspace) == before
 
 

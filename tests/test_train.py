@@ -127,3 +127,84 @@ def test_a_non_finite_update_never_lands(smoke_data, tmp_path, setting):
     from loopscale.model import LoopedLM
     init = LoopedLM(c.model).state_dict()
     assert all(torch.equal(saved["model"][k], init[k]) for k in init)  # the weights before the bad step
+
+
+def digest(folder):
+    import hashlib
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+def test_a_finished_run_is_reused_when_only_thread_or_device_settings_change(smoke_data, tmp_path):
+    run = tmp_path / "run"
+    first = train(cfg(), smoke_data, run, progress=False)
+    before = digest(run)
+    c = cfg(threads=1, ckpt_every=5, device="cpu")
+    assert train(c, smoke_data, run, progress=False) == first and digest(run) == before
+
+
+def test_a_finished_run_of_other_settings_is_refused_not_overwritten(smoke_data, tmp_path):
+    from loopscale.io import CheckpointError
+    run = tmp_path / "run"
+    train(cfg(), smoke_data, run, progress=False)
+    before = digest(run)
+    with pytest.raises(CheckpointError, match="finished run of other settings; train with --no-resume"):
+        train(cfg(lr=5e-4), smoke_data, run, progress=False)
+    assert digest(run) == before
+    assert train(cfg(lr=5e-4), smoke_data, run, resume=False, progress=False)["status"] == "completed"
+    assert torch.load(run / "model.pt", weights_only=True)["config"]["train"]["lr"] == 5e-4
+
+
+def test_max_steps_lowered_below_the_checkpoint_is_refused(smoke_data, tmp_path, monkeypatch):
+    from loopscale.io import CheckpointError
+    run = tmp_path / "run"
+    with monkeypatch.context() as m:
+        interrupt_after_state_saves(m, 2)  # state.pt at step 16
+        with pytest.raises(KeyboardInterrupt):
+            train(cfg(), smoke_data, run, progress=False)
+    with pytest.raises(CheckpointError, match="at step 16, past this run's 12 steps"):
+        train(cfg(max_steps=12), smoke_data, run, progress=False)
+    assert not (run / "summary.json").exists()
+
+
+@pytest.mark.parametrize("change", [{"step": -3}, {"step": "7"}, {"optimizer": None}, {"rng_ranks": 5},
+                                    {"config": "x"}])
+def test_a_malformed_state_is_one_line_and_keeps_the_log(smoke_data, tmp_path, monkeypatch, capsys, change):
+    from loopscale import cli
+    run = tmp_path / "run"
+    with monkeypatch.context() as m:
+        interrupt_after_state_saves(m, 1)
+        with pytest.raises(KeyboardInterrupt):
+            train(cfg(), smoke_data, run, progress=False)
+    state = torch.load(run / "state.pt", weights_only=True)
+    state.update(change)
+    torch.save(state, run / "state.pt")
+    log = (run / "metrics.jsonl").read_text()
+    rc = cli.main(["train", "--preset", "smoke", "--set", "model.dropout=0.1", "--set", "train.max_steps=24",
+                   "--set", "train.log_every=4", "--set", "train.ckpt_every=8", "--data", str(smoke_data),
+                   "--out", str(run), "-q"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "state.pt" in err and "--no-resume" in err, err
+    assert (run / "metrics.jsonl").read_text() == log  # a negative step used to empty it
+
+
+def test_kill_leftovers_are_cleaned_on_the_next_run(smoke_data, tmp_path):
+    run = tmp_path / "run"
+    train(cfg(), smoke_data, run, progress=False)
+    (run / ".model.pt.k1ll3d.tmp").write_bytes(b"torn")
+    (run / "state.pt").write_bytes((run / "model.pt").read_bytes())  # killed before state.pt was removed
+    train(cfg(), smoke_data, run, progress=False)
+    assert not list(run.glob(".*.tmp")) and not (run / "state.pt").exists()
+
+
+def test_a_second_trainer_on_the_same_run_is_refused(smoke_data, tmp_path, capsys):
+    from loopscale import cli
+    from loopscale.io import run_lock
+    run = tmp_path / "run"
+    run.mkdir()
+    with run_lock(run, "loopscale train"):  # what a running trainer holds
+        rc = cli.main(["train", "--preset", "smoke", "--data", str(smoke_data), "--out", str(run), "-q"])
+        err = capsys.readouterr().err.strip()
+        assert rc == 2 and len(err.splitlines()) == 1 and f"is in use by loopscale train (pid " in err, err
+        assert sorted(p.name for p in run.iterdir()) == [".lock"]
+    with run_lock(run, "again"):  # released on exit
+        pass

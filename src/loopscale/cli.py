@@ -19,7 +19,7 @@ from pathlib import Path
 
 import yaml
 
-from .config import ConfigError, RunConfig, config_dict, merge, parse_overrides, preset_dict
+from .config import ConfigError, RunConfig, resolve
 
 # modules that contribute sub-commands via add_cli(subparsers); missing ones are skipped
 _COMMAND_MODULES = ["loopscale.diagnostics", "loopscale.report", "loopscale.bench", "loopscale.artifacts",
@@ -34,30 +34,7 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args) -> RunConfig:
-    """--preset <- --config FILE (its non-default settings) <- --set: merged, validated once."""
-    base = config_dict(args.config) if args.config else None
-    if args.preset:
-        base = merge(preset_dict(args.preset), _without_defaults(base)) if base else preset_dict(args.preset)
-    base = base or RunConfig().to_dict()
-    if args.overrides:
-        base = merge(base, parse_overrides(args.overrides), "override")
-    return RunConfig.from_dict(base)
-
-
-def _without_defaults(d: dict) -> dict:
-    default = RunConfig().to_dict()
-
-    def diff(a, b):
-        out = {}
-        for k, v in a.items():
-            if isinstance(v, dict):
-                sub = diff(v, b.get(k, {}))
-                if sub:
-                    out[k] = sub
-            elif b.get(k) != v:
-                out[k] = v
-        return out
-    return diff(d, default)
+    return resolve(args.config, args.preset, args.overrides)
 
 
 def cmd_config(args) -> int:
@@ -88,7 +65,7 @@ def cmd_prepare_data(args) -> int:
 def cmd_train(args) -> int:
     from .data import DataError
     from .distributed import env_world
-    from .io import CheckpointError
+    from .io import CheckpointError, RunLocked
     from .train import Preempted, record_failure, train
     cfg = config_from_args(args)
     if args.drop_stale_state:
@@ -96,8 +73,10 @@ def cmd_train(args) -> int:
         drop_stale_state(args.out, cfg)
     try:
         summary = train(cfg, args.data, args.out, resume=not args.no_resume, progress=not args.quiet)
-    except (ConfigError, DataError, CheckpointError, Preempted, KeyboardInterrupt):
-        raise  # the user's to fix, or a preemption to resume: never recorded as a result
+    except (ConfigError, DataError, CheckpointError, RunLocked, Preempted, KeyboardInterrupt, OSError):
+        # the user's to fix, a preemption to resume, or the machine's (disk full, file-size
+        # limit, read-only directory: the next attempt resumes): never recorded as a result
+        raise
     except Exception as e:
         if not args.record_failure:
             raise
@@ -165,7 +144,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from .data import DataError
-    from .io import CheckpointError
+    from .io import CheckpointError, RunLocked
     from .train import Preempted
     args = build_parser().parse_args(argv)
     # progress and notices of every command: one timestamped line each, on stderr
@@ -173,8 +152,12 @@ def main(argv: list[str] | None = None) -> int:
                         datefmt="%Y-%m-%d %H:%M:%S", stream=sys.stderr)
     try:
         return args.func(args) or 0
-    except (ConfigError, DataError, CheckpointError, FileNotFoundError) as e:
+    except (ConfigError, DataError, CheckpointError, RunLocked) as e:
         print(f"loopscale: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # the file system's answer, one line: disk full, read-only, not a directory...
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"loopscale: error: {where}{e.strerror or e}", file=sys.stderr)
         return 2
     except Preempted as e:
         print(f"loopscale: {e}", file=sys.stderr)

@@ -13,8 +13,10 @@ import copy
 import dataclasses
 import hashlib
 import json
+import math
 import typing
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Optional
 
 import yaml
@@ -278,36 +280,98 @@ def parse_overrides(items: list[str]) -> dict:
     return out
 
 
-def _read_mapping(path: str) -> dict:
+MAX_YAML_NODES = 100_000  # what a settings file may expand to through its aliases
+
+
+class BoundedLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+    """Safe YAML (libyaml when available) that refuses documents whose aliases expand to more
+    than `MAX_YAML_NODES` nodes (an alias bomb) or refer to themselves."""
+
+    def construct_document(self, node):
+        _expanded_size(node, {})
+        return super().construct_document(node)
+
+
+def _expanded_size(node, memo: dict) -> int:
+    """Nodes of `node` with every alias expanded, counted in time linear in the document."""
+    key = id(node)
+    if key in memo:
+        if memo[key] is None:
+            raise yaml.YAMLError("an alias refers to the node that holds it")
+        return memo[key]
+    memo[key] = None
+    children = node.value if isinstance(node, yaml.SequenceNode) else \
+        [n for kv in node.value for n in kv] if isinstance(node, yaml.MappingNode) else []
+    size = 1 + sum(_expanded_size(c, memo) for c in children)
+    if size > MAX_YAML_NODES:
+        raise yaml.YAMLError(f"its aliases expand to more than {MAX_YAML_NODES:,} nodes")
+    memo[key] = size
+    return size
+
+
+def read_yaml(path: str | Path, what: str = "") -> Any:
+    """The YAML document of a file; any problem is one ConfigError naming the file."""
+    name = f"{what} {str(path)!r}" if what else str(path)
     try:
-        with open(path) as f:
-            d = yaml.safe_load(f) or {}
+        raw = Path(path).read_bytes()
     except FileNotFoundError:
-        raise ConfigError(f"config file {path!r} not found") from None
+        raise ConfigError(f"{name}: file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{name}: is a directory, not a file") from None
+    except OSError as e:
+        raise ConfigError(f"{name}: cannot be read ({e.strerror or type(e).__name__})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{name}: not UTF-8 text (byte {e.start})") from None
+    try:
+        return yaml.load(text, Loader=BoundedLoader)
     except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path!r} is not valid YAML: {str(e).splitlines()[0]}") from None
+        mark = getattr(e, "problem_mark", None)
+        at = f" (line {mark.line + 1})" if mark is not None else ""
+        problem = getattr(e, "problem", None) or (str(e).splitlines() or [type(e).__name__])[0]
+        raise ConfigError(f"{name}: not valid YAML{at}: {problem}") from None
+    except RecursionError:
+        raise ConfigError(f"{name}: nested too deeply") from None
+
+
+def read_config_file(path: str | Path) -> dict:
+    """The settings a config file sets (a mapping; a `preset:` key is kept)."""
+    d = read_yaml(path, "config file")
+    if d is None:
+        return {}
     if not isinstance(d, dict):
-        raise ConfigError(f"config file {path!r} must hold a mapping at top level")
+        raise ConfigError(f"config file {str(path)!r}: must hold a mapping at top level, got {type(d).__name__}")
     return dict(d)
 
 
-def config_dict(path: str) -> dict:
-    """A run config file as a complete, not yet validated dict. A top-level `preset:` key
-    starts from that preset, otherwise the defaults."""
-    d = _read_mapping(path)
-    name = d.pop("preset", None)
+def config_dict(path: Optional[str] = None, preset_name: Optional[str] = None) -> dict:
+    """A preset <- a run config file, as a complete, not yet validated dict. The preset is
+    `preset_name` or the file's `preset:` key (else the defaults); every key the file sets
+    is kept, also one equal to the global default."""
+    d = read_config_file(path) if path else {}
+    named = d.pop("preset", None)
+    if preset_name and named and named != preset_name:
+        raise ConfigError(f"config file {str(path)!r} names preset {named!r} but --preset is {preset_name!r}")
     if "eval" in d:
-        raise ConfigError(f"config file {path!r}: unknown key 'eval': evaluation settings are not part of the run "
-                          f"config; give them to `loopscale eval` (--eval-config FILE)")
+        raise ConfigError(f"config file {str(path)!r}: unknown key 'eval': evaluation settings are not part of the "
+                          f"run config; give them to `loopscale eval` (--eval-config FILE)")
+    name = preset_name or named
     return merge(preset_dict(name) if name else RunConfig().to_dict(), d)
+
+
+def resolve(path: Optional[str] = None, preset_name: Optional[str] = None,
+            overrides: Optional[list[str]] = None) -> RunConfig:
+    """A preset <- a config file <- `--set` overrides (later layers win), merged and validated once."""
+    d = config_dict(path, preset_name)
+    if overrides:
+        d = merge(d, parse_overrides(overrides), "override")
+    return RunConfig.from_dict(d)
 
 
 def load_config(path: str, overrides: Optional[list[str]] = None) -> RunConfig:
     """Load a run config from YAML/JSON. A top-level `preset:` key starts from that preset."""
-    d = config_dict(path)
-    if overrides:
-        d = merge(d, parse_overrides(overrides), "override")
-    return RunConfig.from_dict(d)
+    return resolve(path, None, overrides)
 
 
 def load_eval_config(path: Optional[str] = None, overrides: Optional[list[str]] = None,
@@ -315,7 +379,7 @@ def load_eval_config(path: Optional[str] = None, overrides: Optional[list[str]] 
     """The evaluation settings: `base` (default: the defaults) <- a preset's <- the file
     `path` (a mapping of EvalConfig keys, e.g. RUN/eval.yaml; may name a `preset:`) <-
     `--set eval.KEY=VALUE` overrides. Merged once, validated once."""
-    d = _read_mapping(path) if path else {}
+    d = read_config_file(path) if path else {}
     name = d.pop("preset", None) or preset_name
     start = (base or EvalConfig()).to_dict()
     if name is not None:
@@ -332,6 +396,11 @@ def load_eval_config(path: Optional[str] = None, overrides: Optional[list[str]] 
             raise ConfigError("--set eval=…: give one key, e.g. --set eval.max_tokens=65536")
         d = merge(d, upd["eval"], "eval")
     return EvalConfig.from_dict(d)
+
+
+def load_config(path: str, overrides: Optional[list[str]] = None) -> RunConfig:
+    """Load a run config from YAML/JSON. A top-level `preset:` key starts from that preset."""
+    return resolve(path, None, overrides)
 
 
 # ---------------------------------------------------------------------------
@@ -412,58 +481,114 @@ def _choices() -> dict:
     }
 
 
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric setting may take: finite, lo <= v <= hi (`<` where open)."""
+    lo: float = -math.inf
+    hi: float = math.inf
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def __contains__(self, v) -> bool:
+        return (math.isfinite(v) and (self.lo < v if self.lo_open else self.lo <= v)
+                and (v < self.hi if self.hi_open else v <= self.hi))
+
+    def __str__(self) -> str:
+        lo = f"{'>' if self.lo_open else '>='} {_num(self.lo)}"
+        if self.hi == math.inf:
+            return lo
+        return f"in {'(' if self.lo_open else '['}{_num(self.lo)}, {_num(self.hi)}{')' if self.hi_open else ']'}"
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+POSITIVE, NON_NEGATIVE, FRACTION = Range(0, lo_open=True), Range(0), Range(0, 1, hi_open=True)
+SEED = Range(0, 2**63 - 1)  # torch and numpy seeds: non-negative, int64
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")  # token ids 0..3 of every tokenizer
+
+# The range of every numeric setting, checked by `validate` wherever a config is built (the
+# CLI, `snakemake -n`, `dvc repro`), so a bad value stops before the first job.
+RANGES: dict[str, dict[str, Range]] = {
+    "model": {"vocab_size": POSITIVE, "d_model": POSITIVE, "n_layers": POSITIVE, "n_heads": POSITIVE,
+              "d_ff": POSITIVE, "seq_len": POSITIVE, "n_loops": POSITIVE, "dropout": FRACTION,
+              "norm_eps": POSITIVE},
+    "objective": {"penalty_weight": NON_NEGATIVE, "ce_chunk_tokens": POSITIVE},
+    "data": {"vocab_size": POSITIVE, "min_frequency": Range(1), "validation_fraction": Range(0, 1, True, True),
+             "test_fraction": FRACTION, "split_seed": SEED, "max_documents": NON_NEGATIVE},
+    "train": {"batch_size": POSITIVE, "grad_accum": POSITIVE, "lr": POSITIVE, "weight_decay": NON_NEGATIVE,
+              "grad_clip": POSITIVE,
+              "epochs": POSITIVE, "max_steps": POSITIVE, "stride": POSITIVE, "seed": SEED, "log_every": POSITIVE,
+              "ckpt_every": POSITIVE, "eval_every": NON_NEGATIVE, "eval_tokens": NON_NEGATIVE,
+              "eval_batch_size": POSITIVE, "threads": NON_NEGATIVE},
+    "eval": {"batch_size": POSITIVE, "max_tokens": NON_NEGATIVE, "depth_factor": Range(1),
+             "norm_tokens": POSITIVE, "radial_tokens": POSITIVE, "lemma_loops": Range(2),
+             "lemma_tokens": POSITIVE, "clamp_tokens": POSITIVE, "halting_tokens": POSITIVE,
+             "halting_epsilon": NON_NEGATIVE, "throughput_batches": POSITIVE,
+             "throughput_warmup": NON_NEGATIVE},
+}
+
+
+def check_ranges(section: str, settings, where: Optional[str] = None) -> None:
+    """Raise ConfigError naming the first setting of `section` outside its `RANGES` entry
+    (as `<where>.<key>`; `where` defaults to the section)."""
+    for name, allowed in RANGES[section].items():
+        v = getattr(settings, name)
+        if v is not None and v not in allowed:
+            kind = "a finite number " if isinstance(v, float) else ""
+            raise ConfigError(f"{where or section}.{name} must be {kind}{allowed}, got {v!r}")
+
+
+def _check_choices(cfg, section: Optional[str] = None, where: Optional[str] = None) -> None:
+    for (sec, name), choices in {**_choices(), ("eval", "device"): DEVICES}.items():
+        if section not in (None, sec) or (section is None and not hasattr(cfg, sec)):
+            continue
+        v = getattr(cfg if section else getattr(cfg, sec), name)
+        if v not in choices:
+            raise ConfigError(f"{where or sec}.{name}: unknown value {v!r}; choose one of {', '.join(choices)}")
+
+
 def validate_eval(e: EvalConfig, where: str = "eval") -> None:
-    if e.device not in DEVICES:
-        raise ConfigError(f"{where}.device: unknown value {e.device!r}; choose one of {', '.join(DEVICES)}")
-    checks = {"batch_size": e.batch_size > 0, "depth_factor": e.depth_factor >= 1, "lemma_loops": e.lemma_loops >= 2,
-              "throughput_batches": e.throughput_batches >= 1, "throughput_warmup": e.throughput_warmup >= 0,
-              "max_tokens": e.max_tokens >= 0, "halting_epsilon": e.halting_epsilon >= 0}
-    for key in ("norm_tokens", "radial_tokens", "lemma_tokens", "clamp_tokens", "halting_tokens"):
-        checks[key] = getattr(e, key) > 0
-    for key, ok in checks.items():
-        if not ok:
-            raise ConfigError(f"{where}.{key}: invalid value {getattr(e, key)!r} (batch_size > 0, depth_factor >= 1, "
-                              f"lemma_loops >= 2, token counts > 0, epsilon >= 0)")
+    """Check the eval settings on their own (what the evaluation jobs read)."""
+    _check_choices(e, "eval", where)
+    check_ranges("eval", e, where)
+
+
+def validate_data(d: DataConfig) -> None:
+    """Check the data settings on their own (what `loopscale prepare-data` reads)."""
+    _check_choices(d, "data")
+    check_ranges("data", d)
+    _check_data(d)
+
+
+def _check_data(d: DataConfig) -> None:
+    if d.vocab_size > 65535:
+        raise ConfigError(f"data.vocab_size {d.vocab_size} does not fit uint16 token storage (max 65535)")
+    smallest = len(SPECIAL_TOKENS) + (256 if d.tokenizer == "bpe" else 1)
+    if d.vocab_size < smallest:
+        raise ConfigError(f"data.vocab_size {d.vocab_size} is too small for data.tokenizer={d.tokenizer} "
+                          f"(needs >= {smallest}: the {len(SPECIAL_TOKENS)} special tokens"
+                          f"{' and 256 byte symbols' if d.tokenizer == 'bpe' else ' and one word'})")
+    if d.source == "text-files" and not (d.train_file and d.validation_file):
+        raise ConfigError("data.train_file and data.validation_file are required with data.source=text-files")
+    if d.validation_fraction + d.test_fraction >= 1:
+        raise ConfigError("data.validation_fraction + data.test_fraction must be below 1")
 
 
 def validate(cfg: RunConfig) -> None:
-    for (sec, name), choices in _choices().items():
-        v = getattr(getattr(cfg, sec), name)
-        if v not in choices:
-            raise ConfigError(f"{sec}.{name}: unknown value {v!r}; choose one of {', '.join(choices)}")
-    m, t, d, o = cfg.model, cfg.train, cfg.data, cfg.objective
-    positive = {"model.vocab_size": m.vocab_size, "model.d_model": m.d_model, "model.n_layers": m.n_layers,
-                "model.n_heads": m.n_heads, "model.d_ff": m.d_ff, "model.seq_len": m.seq_len,
-                "model.n_loops": m.n_loops, "train.batch_size": t.batch_size,
-                "train.grad_accum": t.grad_accum, "train.lr": t.lr,
-                "train.stride": t.stride, "train.log_every": t.log_every, "train.ckpt_every": t.ckpt_every,
-                "data.vocab_size": d.vocab_size, "train.eval_batch_size": t.eval_batch_size,
-                "objective.ce_chunk_tokens": o.ce_chunk_tokens}
-    for key, v in positive.items():
-        if not v > 0:
-            raise ConfigError(f"{key} must be positive, got {v!r}")
+    """Every setting of a run: choices, ranges (`RANGES`) and the settings that constrain each other."""
+    _check_choices(cfg)
+    for f in dataclasses.fields(cfg):
+        check_ranges(f.name, getattr(cfg, f.name))
+    m, t, d = cfg.model, cfg.train, cfg.data
     if m.d_model % m.n_heads:
         raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.n_heads ({m.n_heads})")
+    _check_data(d)
     if t.batch_size % t.grad_accum:
         raise ConfigError(f"train.batch_size ({t.batch_size}) must be divisible by train.grad_accum ({t.grad_accum})")
-    if not 0.0 <= m.dropout < 1.0:
-        raise ConfigError(f"model.dropout must be in [0, 1), got {m.dropout}")
-    if t.max_steps is not None and t.max_steps <= 0:
-        raise ConfigError(f"train.max_steps must be positive, got {t.max_steps}")
-    if t.max_steps is None and not t.epochs > 0:
-        raise ConfigError(f"train.epochs must be positive, got {t.epochs}")
-    if o.penalty_weight < 0:
-        raise ConfigError(f"objective.penalty_weight must be >= 0, got {o.penalty_weight}")
-    if d.max_documents < 0:
-        raise ConfigError(f"data.max_documents must be >= 0 (0 keeps every document), got {d.max_documents}")
-    if d.vocab_size > 65535:
-        raise ConfigError(f"data.vocab_size {d.vocab_size} does not fit uint16 token storage (max 65535)")
     if m.vocab_size < d.vocab_size:
         raise ConfigError(f"model.vocab_size ({m.vocab_size}) is smaller than data.vocab_size ({d.vocab_size})")
-    if d.source == "text-files" and not (d.train_file and d.validation_file):
-        raise ConfigError("data.train_file and data.validation_file are required with data.source=text-files")
-    if not (0 < d.validation_fraction < 1 and 0 <= d.test_fraction < 1
-            and d.validation_fraction + d.test_fraction < 1):
-        raise ConfigError("data.validation_fraction and data.test_fraction must be fractions summing below 1")
-    if len(t.betas) != 2:
-        raise ConfigError(f"train.betas must hold two numbers, got {t.betas!r}")
+    if len(t.betas) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and b in FRACTION
+                                    for b in t.betas):
+        raise ConfigError(f"train.betas must be two numbers in [0, 1), got {t.betas!r}")

@@ -54,7 +54,7 @@ import numpy as np
 import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from loopscale.config import FIT_ON, SOURCES, TOKENIZERS, DataConfig
+from loopscale.config import SOURCES, SPECIAL_TOKENS, ConfigError, DataConfig, validate_data
 from loopscale.io import atomic_write, atomic_write_bytes
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,6 @@ log = logging.getLogger(__name__)
 PathLike = Union[str, os.PathLike]
 
 SPLITS = ("train", "validation", "test")
-SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")  # ids 0, 1, 2, 3
 UNK_ID = SPECIAL_TOKENS.index("<unk>")  # the id of words outside the vocabulary
 WORD_PATTERN = r"\s+|[A-Za-z0-9_]+|[^\w\s]"  # the paper's pre-tokenisation regex
 DOC_SEPARATOR = "\n\n"  # a blank line, between lines of a document and between documents
@@ -78,6 +77,7 @@ WIKITEXT_REPO = "Salesforce/wikitext"
 _CHUNK_CHARS = 1 << 16  # ~64k characters; 64 chunks (~4M characters) per encode_batch call
 _ENCODE_BATCH_CHUNKS = 64
 _SAFE_CUT = re.compile(r"(?<=[A-Za-z0-9])(?=[ \n])")
+_PUNCT_CUT = re.compile(r"(?<=[^\w\s])(?=[^\w\s])")  # between two punctuation characters
 _OFFLINE_HINT = ("use data.source=builtin (offline), or data.source=text-files with "
                  "data.train_file/data.validation_file (WikiText raw files work)")
 
@@ -286,29 +286,32 @@ def word_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
 
 
 def _chunks(text: str, size: int = _CHUNK_CHARS) -> Iterator[str]:
-    """Cut `text` into pieces of about `size` characters at certain token boundaries."""
+    """Cut `text` into pieces of `size` to `2 * size` characters, so memory per piece is bounded.
+
+    A piece ends at the first certain token boundary (a word character before a space or
+    newline: exact for both tokenizers) after `size` characters; a stretch of `size`
+    characters without one (a long line of punctuation) is cut before a punctuation
+    character (exact for the word tokenizer, whose punctuation tokens are single
+    characters), and one without either at `2 * size` characters."""
     pos, n = 0, len(text)
     while pos < n:
-        match = _SAFE_CUT.search(text, pos + size) if pos + size < n else None
-        end = match.start() if match else n
+        end = n
+        if pos + 2 * size < n:
+            match = _SAFE_CUT.search(text, pos + size, pos + 2 * size) or \
+                _PUNCT_CUT.search(text, pos + size, pos + 2 * size)
+            end = match.start() if match else pos + 2 * size
+        elif pos + size < n:
+            match = _SAFE_CUT.search(text, pos + size)
+            end = match.start() if match else n
         yield text[pos:end]
         pos = end
 
 
 def _check_vocab_setting(cfg: DataConfig) -> None:
-    if cfg.tokenizer not in TOKENIZERS:
-        raise DataError(f"data.tokenizer: unknown value {cfg.tokenizer!r}; choose one of {', '.join(TOKENIZERS)}")
-    if cfg.fit_on not in FIT_ON:
-        raise DataError(f"data.fit_on: unknown value {cfg.fit_on!r}; choose one of {', '.join(FIT_ON)}")
-    if cfg.vocab_size > MAX_VOCAB:
-        raise DataError(f"data.vocab_size {cfg.vocab_size} does not fit uint16 token files "
-                        f"(max {MAX_VOCAB}); lower data.vocab_size")
-    smallest = len(SPECIAL_TOKENS) + (256 if cfg.tokenizer == "bpe" else 1)
-    if cfg.vocab_size < smallest:
-        raise DataError(f"data.vocab_size {cfg.vocab_size} is too small for data.tokenizer={cfg.tokenizer} "
-                        f"(needs >= {smallest}: the specials{' and 256 byte symbols' if cfg.tokenizer == 'bpe' else ''})")
-    if cfg.min_frequency < 1:
-        raise DataError(f"data.min_frequency must be >= 1, got {cfg.min_frequency}")
+    try:
+        validate_data(cfg)
+    except ConfigError as e:
+        raise DataError(str(e)) from None
 
 
 def fit_tokenizer(cfg: DataConfig, corpus: dict[str, list[str]], show_progress: bool = False) -> Tokenizer:
@@ -408,7 +411,8 @@ def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True,
       `DOC_SEPARATOR` and tokenised as one text (see the module docstring). ``test.bin`` is
       empty when the source has no test split.
     - ``meta.json``: ``vocab_size`` (ids actually used), ``dtype``, ``tokens`` per split,
-      ``splits`` (documents, characters, text sha256 per split), ``source_sha256`` (of the split
+      ``splits`` (documents, characters, text sha256 and token file ``sha256`` per split),
+      ``source_sha256`` (of the split
       texts), ``tokenizer_sha256`` (of tokenizer.json), ``data_config``, ``loopscale_version``.
 
     Bad input fails before anything is written; then an existing ``meta.json`` is removed
@@ -445,7 +449,8 @@ def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True,
     for s in SPLITS:
         source_hash.update(f"{s}\0{split_hash[s]}\0".encode())
 
-    counts = {s: _write_split(tok, texts[s], out, s, show_progress) for s in SPLITS}
+    written = {s: _write_split(tok, texts[s], out, s, show_progress) for s in SPLITS}
+    counts = {s: n for s, (n, _) in written.items()}
 
     meta = {
         "format": "loopscale-tokens/1",
@@ -457,7 +462,8 @@ def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True,
         "document_separator": DOC_SEPARATOR,
         "tokens": counts,
         "splits": {s: {"tokens": counts[s], "documents": len(corpus.get(s, [])),
-                       "characters": len(texts[s]), "text_sha256": split_hash[s]} for s in SPLITS},
+                       "characters": len(texts[s]), "text_sha256": split_hash[s],
+                       "sha256": written[s][1]} for s in SPLITS},
         "source": cfg.source,
         "source_sha256": source_hash.hexdigest(),
         "tokenizer_sha256": hashlib.sha256(tok_json).hexdigest(),
@@ -470,22 +476,25 @@ def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True,
     return meta
 
 
-def _write_split(tok: Tokenizer, text: str, out: Path, split: str, show_progress: bool) -> int:
-    """Encode one split's text into `<split>.bin` (atomically); return its token count."""
+def _write_split(tok: Tokenizer, text: str, out: Path, split: str, show_progress: bool) -> tuple[int, str]:
+    """Encode one split's text into `<split>.bin` (atomically); return its token count and the
+    file's sha256."""
     from tqdm.auto import tqdm
 
     log.info("encoding %s: %s characters", split, f"{len(text):,}")
-    n_tokens = 0
+    n_tokens, digest = 0, hashlib.sha256()
 
     def write(f) -> None:
         nonlocal n_tokens
         with tqdm(total=len(text), unit="char", unit_scale=True, desc=f"encode {split}",
                   disable=not show_progress or not text, leave=False) as bar:
             for ids in _encode_pieces(tok, text, bar.update):
-                f.write(ids.astype("<u2", copy=False).tobytes())
+                chunk = ids.astype("<u2", copy=False).tobytes()
+                f.write(chunk)
+                digest.update(chunk)
                 n_tokens += int(ids.size)
     atomic_write(out / f"{split}.bin", write)
-    return n_tokens
+    return n_tokens, digest.hexdigest()
 
 
 # ---------------------------------------------------------------------------
@@ -498,39 +507,76 @@ def load_meta(data_dir: PathLike) -> dict:
         raise DataError(f"no prepared data in {str(data_dir)!r} (meta.json missing); "
                         "run `loopscale prepare-data` first")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        meta = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise DataError(f"{str(path)!r} is not valid JSON ({e.msg}); rerun `loopscale prepare-data`") from None
+    except (UnicodeDecodeError, OSError) as e:
+        raise DataError(f"{str(path)!r} cannot be read ({type(e).__name__}); rerun `loopscale prepare-data`") from None
+    if not (isinstance(meta, dict) and isinstance(meta.get("vocab_size"), int) and meta["vocab_size"] > 0
+            and isinstance(meta.get("tokens"), dict)
+            and all(isinstance(meta["tokens"].get(s), int) and meta["tokens"][s] >= 0 for s in SPLITS)):
+        raise DataError(f"{str(path)!r} is malformed (needs vocab_size and tokens per split); "
+                        "rerun `loopscale prepare-data`")
+    return meta
 
 
-def load_split(data_dir: PathLike, split: str) -> np.ndarray:
-    """The token ids of a split as a read-only uint16 array (``np.memmap``; empty splits in memory)."""
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def load_split(data_dir: PathLike, split: str, verify: bool = True) -> np.ndarray:
+    """The token ids of a split as a read-only uint16 array (``np.memmap``; empty splits in memory).
+
+    With `verify` (the default) the file must match the sha256 recorded in meta.json when it
+    was written, and every id must be below the vocabulary size: a scrambled or foreign token
+    file is refused, never trained or evaluated on."""
     if split not in SPLITS:
         raise DataError(f"unknown split {split!r}; choose one of {', '.join(SPLITS)}")
     meta = load_meta(data_dir)
     path = Path(data_dir) / f"{split}.bin"
     if not path.is_file():
         raise DataError(f"{str(path)!r} is missing; rerun `loopscale prepare-data`")
-    expected = meta.get("tokens", {}).get(split)
+    expected = meta["tokens"][split]
     itemsize = np.dtype(TOKEN_DTYPE).itemsize
     size = path.stat().st_size
-    if expected is not None and size != expected * itemsize:
+    if size != expected * itemsize:
         raise DataError(f"{str(path)!r} holds {size // itemsize} tokens but meta.json says {expected}; "
                         "rerun `loopscale prepare-data`")
+    recorded = (meta.get("splits") or {}).get(split, {}).get("sha256")
+    if verify and recorded and _file_sha256(path) != recorded:
+        raise DataError(f"{str(path)!r} differs from the file prepare-data wrote (sha256 mismatch): "
+                        "it is corrupted; rerun `loopscale prepare-data`")
     if size == 0:  # numpy cannot memory-map an empty file
         arr = np.zeros(0, dtype=TOKEN_DTYPE)
         arr.flags.writeable = False
         return arr
-    return np.memmap(path, dtype=np.dtype(TOKEN_DTYPE).newbyteorder("<"), mode="r")
+    arr = np.memmap(path, dtype=np.dtype(TOKEN_DTYPE).newbyteorder("<"), mode="r")
+    if verify and int(arr.max()) >= meta["vocab_size"]:
+        raise DataError(f"{str(path)!r} holds token id {int(arr.max())}, outside the vocabulary of "
+                        f"{meta['vocab_size']}: it is corrupted; rerun `loopscale prepare-data`")
+    return arr
 
 
 def load_tokenizer(data_dir: PathLike) -> Tokenizer:
-    """The fitted tokenizer of a prepared data directory."""
+    """The fitted tokenizer of a prepared data directory (checked against meta.json's hash)."""
     path = Path(data_dir) / "tokenizer.json"
     if not path.is_file():
         raise DataError(f"no tokenizer in {str(data_dir)!r} (tokenizer.json missing); "
                         "run `loopscale prepare-data` first")
-    return Tokenizer.from_file(str(path))
+    raw = path.read_bytes()
+    recorded = load_meta(data_dir).get("tokenizer_sha256")
+    if recorded and hashlib.sha256(raw).hexdigest() != recorded:
+        raise DataError(f"{str(path)!r} is not the tokenizer the token files were written with "
+                        "(sha256 mismatch); rerun `loopscale prepare-data`")
+    try:
+        return Tokenizer.from_str(raw.decode("utf-8"))
+    except Exception as e:  # tokenizers raises plain Exceptions for malformed files
+        raise DataError(f"{str(path)!r} is not a valid tokenizer ({str(e).splitlines()[0][:120]}); "
+                        "rerun `loopscale prepare-data`") from None
 
 
 # ---------------------------------------------------------------------------

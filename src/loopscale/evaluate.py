@@ -112,11 +112,14 @@ class EvalRun:
         return self.cfg.model.seq_len
 
 
-def check_data_matches(cfg: RunConfig, meta: dict, model_path, data_dir) -> None:
-    """Refuse a data directory that is not the one the run was trained on (one-line error)."""
-    trained_on = None
+def check_data_matches(cfg: RunConfig, meta: dict, model_path, data_dir, recorded: Optional[dict] = None) -> None:
+    """Refuse a data directory that is not the one the run was trained on (one-line error).
+
+    `recorded`: the data record inside the checkpoint (train.py writes it); without one, the
+    run's config.json beside the model file."""
+    trained_on = recorded or None
     run_cfg = Path(model_path).parent / "config.json"  # written by train.py beside model.pt
-    if run_cfg.is_file():
+    if trained_on is None and run_cfg.is_file():
         try:
             trained_on = json.loads(run_cfg.read_text()).get("data") or None
         except (json.JSONDecodeError, OSError, AttributeError):
@@ -155,7 +158,7 @@ def open_run(model_path, data_dir, overrides: Optional[list[str]] = None, device
     model, cfg, ckpt = load_model(model_path, device="cpu")
     dev = resolve_device(device or ecfg.device)
     meta = D.load_meta(data_dir)
-    check_data_matches(cfg, meta, model_path, data_dir)
+    check_data_matches(cfg, meta, model_path, data_dir, ckpt.get("data"))
     status = "diverged" if ckpt.get("status") == "diverged" else "ok"
     tokens = None
     if status == "ok":

@@ -1,6 +1,10 @@
 """Files that survive crashes: atomic writes, safe checkpoint loading, run provenance."""
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
+import hashlib
 import json
 import os
 import platform
@@ -27,9 +31,26 @@ def _new_file_mode() -> int:
 def atomic_write(path: str | os.PathLike, write) -> Path:
     """Call `write(binary_file)` on a temporary file beside `path`, then rename it over `path`:
     a crash never leaves a truncated file under the final name. The file gets the mode a
-    plain open() would give it (mkstemp's 0600 would hide results from collaborators)."""
+    plain open() would give it (mkstemp's 0600 would hide results from collaborators).
+    Only regular files are replaced: a symlink is written through to its target, a device or
+    a pipe (`-o /dev/stdout`) is written in place."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.is_symlink():  # write through to the link's target, keep the link
+        path = Path(os.path.realpath(path))
+    if path.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "is a directory, not a file", str(path))
+    if path.exists() and not path.is_file():  # a device or a pipe (-o /dev/stdout): written in place
+        try:
+            with open(path, "wb") as f:
+                write(f)
+                f.flush()
+        except OSError as e:
+            raise OSError(e.errno, e.strerror, str(path)) from None
+        return path
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise NotADirectoryError(errno.ENOTDIR, "lies under a file, not a directory", str(path)) from None
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         os.fchmod(fd, _new_file_mode())
@@ -38,13 +59,40 @@ def atomic_write(path: str | os.PathLike, write) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(e, OSError) and e.errno and not e.filename:  # a failed write: name the file
+            raise OSError(e.errno, e.strerror or os.strerror(e.errno), str(path)) from None
         raise
     return path
+
+
+class RunLocked(RuntimeError):
+    """Another process holds the lock of a run directory."""
+
+
+@contextlib.contextmanager
+def run_lock(directory: str | os.PathLike, what: str):
+    """Hold an exclusive lock on `directory` (fcntl lock on DIR/.lock) while the block runs.
+
+    A second holder is refused at once with one line; the kernel drops the lock when the
+    process exits, however it ends (no stale lock after a kill)."""
+    path = Path(directory) / ".lock"
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
+            raise RunLocked(f"{directory} is in use by {holder}; wait for it to finish or stop it") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{what} (pid {os.getpid()})\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def atomic_write_bytes(path, data: bytes) -> Path:
@@ -70,14 +118,65 @@ def _jsonable(o):
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
+class _KeepWriteError:
+    """A file wrapper that remembers the OSError of a failed write: torch.save turns it into a
+    RuntimeError without the errno ("unexpected pos ..."), this puts the real one back."""
+
+    def __init__(self, f):
+        self.f, self.error = f, None
+
+    def write(self, b):
+        try:
+            return self.f.write(b)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def flush(self):
+        self.f.flush()
+
+
 def atomic_torch_save(path, obj: Any) -> Path:
     import torch
-    return atomic_write(path, lambda f: torch.save(obj, f))
+
+    def save(f):
+        w = _KeepWriteError(f)
+        try:
+            torch.save(obj, w)
+        except RuntimeError:
+            if w.error is not None:  # disk full, file-size limit, ...: the file system's own error
+                raise w.error from None
+            raise
+    return atomic_write(path, save)
+
+
+def weights_sha256(state: dict) -> str:
+    """Content hash of a state dict: every tensor's name, dtype, shape and bytes, in name order."""
+    import torch
+    h = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name].detach().cpu().contiguous()
+        h.update(f"{name}\0{t.dtype}\0{tuple(t.shape)}\0".encode())
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def _load_error(path: Path, e: Exception) -> CheckpointError:
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
+    with open(path, "rb") as f:
+        is_zip = f.read(4) == b"PK\x03\x04"  # torch.save's format; anything else is not a checkpoint
+    if is_zip and "unsupported global" in str(e).lower():  # a class weights_only will not build
+        return CheckpointError(f"checkpoint {path} holds objects that are not plain tensors/containers "
+                               f"and was refused for safety ({first})")
+    return CheckpointError(f"checkpoint {path} is truncated or corrupted "
+                           f"({'not a PyTorch checkpoint file' if not is_zip else f'{type(e).__name__}: {first}'}); "
+                           f"delete it and rerun to retrain")
 
 
 def load_checkpoint(path, map_location="cpu") -> dict:
     """Load a checkpoint with weights_only=True (nothing is unpickled beyond tensors and
-    plain containers); any failure becomes one CheckpointError naming the file."""
+    plain containers) and verify its weights: the content hash recorded when it was written
+    (`weights_sha256`), and finite values. Any failure is one CheckpointError naming the file."""
     import torch
     path = Path(path)
     if not path.is_file():
@@ -85,17 +184,22 @@ def load_checkpoint(path, map_location="cpu") -> dict:
     try:
         ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # torch raises many kinds for truncated/corrupt/unsafe files
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-        if "weights_only" in str(e) or "Unsupported global" in str(e):
-            raise CheckpointError(f"checkpoint {path} holds objects that are not plain tensors/containers "
-                                  f"and was refused for safety ({first})") from None
-        raise CheckpointError(f"checkpoint {path} is truncated or corrupted ({type(e).__name__}: {first}); "
-                              f"delete it and rerun to retrain") from None
+        raise _load_error(path, e) from None
     if isinstance(ckpt, dict) and ckpt.get("status") == "failed" and "model" not in ckpt:
         raise CheckpointError(f"checkpoint {path} holds no weights: training of this run failed "
                               f"({ckpt.get('error')}); delete it and rerun to retrain")
-    if not isinstance(ckpt, dict) or "model" not in ckpt or "config" not in ckpt:
+    if not isinstance(ckpt, dict) or not isinstance(ckpt.get("model"), dict) or "config" not in ckpt:
         raise CheckpointError(f"checkpoint {path} is not a loopscale checkpoint (missing model/config)")
+    if not all(isinstance(t, torch.Tensor) for t in ckpt["model"].values()):
+        raise CheckpointError(f"checkpoint {path} is not a loopscale checkpoint (its model holds non-tensors)")
+    recorded = ckpt.get("weights_sha256")
+    if recorded is not None and recorded != weights_sha256(ckpt["model"]):
+        raise CheckpointError(f"checkpoint {path} is corrupted: its weights differ from the hash recorded "
+                              f"when it was written; delete it and rerun to retrain")
+    bad = [k for k, t in ckpt["model"].items() if t.is_floating_point() and not torch.isfinite(t).all()]
+    if bad:
+        raise CheckpointError(f"checkpoint {path} is corrupted: {bad[0]} holds non-finite weights "
+                              f"(training never saves them); delete it and rerun to retrain")
     return ckpt
 
 

@@ -45,11 +45,13 @@ from typing import Any, Iterable, Optional
 import yaml
 
 from . import registry
-from .config import EVAL_PRESETS, MODEL_PRESETS, ConfigError, EvalConfig, RunConfig, merge
+from .config import EVAL_PRESETS, MODEL_PRESETS, ConfigError, EvalConfig, RunConfig, merge, read_yaml
 from .io import atomic_write_text
 from .registry import AXES, AXIS_DEFAULTS, Condition, axis_values
 
 DIAGNOSTICS = tuple(registry.DIAGNOSTICS)
+AXIS_KEYS = {"readout": ("model", "readout"), "loss": ("objective", "loss"),
+             "regularizer": ("objective", "regularizer"), "recurrence": ("model", "recurrence")}
 NAME_RE = r"[A-Za-z0-9][A-Za-z0-9_.-]*"  # experiment, size and condition-set names (path components), full match
 
 # wildcard constraints for the rules: tight, so odd values never reach a shell
@@ -179,15 +181,9 @@ def data_dir(exp: str) -> str:
 # ---------------------------------------------------------------------------
 def load_params(path: str | os.PathLike) -> dict:
     try:
-        with open(path) as f:
-            params = yaml.load(f, Loader=_Loader)
-    except FileNotFoundError:
-        raise ParamsError(f"{path}: file not found") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f" (line {mark.line + 1})" if mark is not None else ""
-        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ParamsError(f"{path}: not valid YAML{at}: {problem}") from None
+        params = read_yaml(path)
+    except ConfigError as e:
+        raise ParamsError(str(e)) from None
     if not isinstance(params, dict):
         raise ParamsError(f"{path}: must hold a mapping at top level")
     return params
@@ -253,7 +249,22 @@ def _condition(item: dict, where: str) -> ConditionSpec:
         if axes[a] not in axis_values(a):
             raise ParamsError(f"{where}.{a}: unknown value {axes[a]!r}; choose one of {', '.join(axis_values(a))}")
     overrides = item.get("overrides") or {}
+    for a, v in _axis_settings(overrides).items():
+        if v != axes[a]:
+            sec, name = AXIS_KEYS[a]
+            raise ParamsError(f"{where}.overrides.{sec}.{name}: {v!r} contradicts the condition's "
+                              f"{a} {axes[a]!r} (its run directory names the axes); set {a} instead")
     return ConditionSpec(Condition.of(**axes), overrides=json.dumps(overrides, sort_keys=True), where=where)
+
+
+def _axis_settings(overrides: Any) -> dict:
+    """The condition axes an overrides mapping sets: {axis: value}."""
+    out = {}
+    for a, (sec, name) in AXIS_KEYS.items():
+        section = overrides.get(sec) if isinstance(overrides, dict) else None
+        if isinstance(section, dict) and name in section:
+            out[a] = section[name]
+    return out
 
 
 def expand_conditions(spec: Any, sets: dict, where: str, _stack: tuple = ()) -> list[ConditionSpec]:
@@ -367,6 +378,10 @@ def build_experiment(params: dict, name: str) -> Experiment:
         preset = spec["preset"]
         if preset not in MODEL_PRESETS:
             raise ParamsError(f"{swhere}.preset: unknown value {preset!r}; choose one of {', '.join(MODEL_PRESETS)}")
+        for a in _axis_settings(spec.get("overrides")):
+            sec, name = AXIS_KEYS[a]
+            raise ParamsError(f"{swhere}.overrides.{sec}.{name}: the conditions set the {a}; "
+                              f"a size's overrides cannot (it would be overwritten)")
         size_train, size_eval = _split_eval(spec.get("overrides"))
         size_layers = [(f"{swhere}.preset", "", MODEL_PRESETS[preset]), (f"{where}.data", "data", exp.get("data")),
                        (f"{where}.train", "train", exp.get("train")), (f"{swhere}.overrides", "", size_train)]

@@ -5,7 +5,8 @@ Files written into the run directory:
   metrics.jsonl   one JSON record every `log_every` steps (+ validation records)
   state.pt        resumable state every `ckpt_every` steps and on SIGTERM
                   (model, optimiser, RNG, step); removed once the run is finished
-  model.pt        final weights + config (+ status), what the evaluations read
+  model.pt        final weights + config (+ status), what the evaluations read; like state.pt
+                  it records its weights' content hash (verified on load) and the data's identity
   model.safetensors, tokenizer.json, tokenizer_config.json, special_tokens_map.json
                   the run as a self-contained artifact (artifacts.py, `loopscale.load`)
   summary.json    status (completed | diverged), steps, tokens, final validation, wall time
@@ -21,7 +22,9 @@ stops every rank at the same step.
 """
 from __future__ import annotations
 
+import contextlib
 import datetime
+import hashlib
 import json
 import logging
 import math
@@ -39,10 +42,10 @@ from tqdm.auto import tqdm
 
 from . import data as D
 from . import distributed as DD
-from .config import RunConfig
+from .config import ConfigError, RunConfig
 from .evaluate import exit_losses
 from .io import (CheckpointError, atomic_torch_save, atomic_write_json, atomic_write_text,
-                 load_checkpoint, run_environment)
+                 load_checkpoint, run_environment, run_lock, weights_sha256)
 from .model import LoopedLM
 from .objective import LossOutput, compute_loss
 from .runtime import autocast, enable_tf32, resolve_device
@@ -76,11 +79,16 @@ class Preempted(RuntimeError):
     """SIGTERM arrived; the state was checkpointed and the run can be resumed."""
 
 
-def resume_comparable(cfg: dict) -> dict:
-    """The part of a config dict that must match between a checkpoint and its resumption."""
+# settings a finished run's files do not depend on: a finished run is reused when only they change
+_RESULT_FREE = {"threads", "device", "compile", "activation_checkpointing", "ckpt_every", "tensorboard"}
+
+
+def resume_comparable(cfg: dict, free=_RESUME_FREE) -> dict:
+    """The part of a config dict that must match between a checkpoint and its resumption
+    (with `free=_RESULT_FREE`: between a finished run and a request to train it again)."""
     d = json.loads(json.dumps(cfg))
     d.pop("eval", None)  # checkpoints written before evaluation settings left the run config
-    for k in _RESUME_FREE:
+    for k in free:
         d.get("train", {}).pop(k, None)
     return d
 
@@ -228,6 +236,36 @@ def _metrics_upto(path: Path, step: int) -> None:
     atomic_write_text(path, "".join(l + "\n" for l in keep))
 
 
+def _resume(path: Path, cfg: RunConfig, model, opt, device, total_steps: int, dd: DD.Dist) -> tuple[int, float]:
+    """Load a state.pt into the model and optimiser; returns (step, elapsed). Anything amiss
+    is one CheckpointError."""
+    ck = load_checkpoint(path, map_location=device)
+    again = "train with --no-resume to start over"
+    try:
+        same = resume_comparable(ck["config"]) == resume_comparable(cfg.to_dict())
+    except (TypeError, ValueError, AttributeError):
+        same = False
+    if not same:
+        raise CheckpointError(f"checkpoint {path} was written with a different config; {again} "
+                              f"(or delete the run directory {path.parent})")
+    step = ck.get("step")
+    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
+        raise CheckpointError(f"checkpoint {path} is malformed (step {step!r}); {again}")
+    if step > total_steps:
+        raise CheckpointError(f"checkpoint {path} is at step {step}, past this run's {total_steps} steps "
+                              f"(train.max_steps or train.epochs lowered); raise them, or {again}")
+    try:
+        DD.load_states(model, opt, ck["model"], ck["optimizer"], dd, cfg.train.fsdp)
+        ranks = ck.get("rng_ranks") or [{"cpu": ck["rng_cpu"], "cuda": ck.get("rng_cuda")}]
+        if dd.rank < len(ranks):  # a checkpoint of fewer ranks leaves the others their fresh seeds
+            DD.set_rng_state(ranks[dd.rank], device)
+        elapsed = float(ck.get("elapsed", 0.0))
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError) as e:
+        what = f"missing {e}" if isinstance(e, KeyError) else (str(e).splitlines() or [type(e).__name__])[0][:160]
+        raise CheckpointError(f"checkpoint {path} is malformed ({what}); {again}") from None
+    return step, elapsed
+
+
 def record_failure(cfg: RunConfig, out_dir: str | Path, error: BaseException) -> dict:
     """Mark a run that crashed as failed, keeping state.pt for a later retry.
 
@@ -251,24 +289,63 @@ def record_failure(cfg: RunConfig, out_dir: str | Path, error: BaseException) ->
     return summary
 
 
+def result_fingerprint(cfg: RunConfig) -> str:
+    """Hash of the settings a finished run's files depend on (not eval, threads, device, ...)."""
+    d = resume_comparable(cfg.to_dict(), _RESULT_FREE)
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def _finished_summary(out: Path, cfg: RunConfig) -> dict | None:
-    """The summary of a finished run of this very config in `out`, if there is one."""
+    """The summary of a finished run of these settings in `out`, if there is one; a finished
+    run of other settings is refused (like a state.pt of other settings), never overwritten."""
     try:
         summary = json.loads((out / "summary.json").read_text())
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError):
         return None
-    if (summary.get("status") in ("completed", "diverged") and (out / "model.pt").exists()
-            and summary.get("config_fingerprint") == cfg.fingerprint()):
-        return summary
-    return None
+    if not (isinstance(summary, dict) and summary.get("status") in ("completed", "diverged")
+            and (out / "model.pt").exists()):
+        return None
+    if "result_fingerprint" in summary:
+        same = summary["result_fingerprint"] == result_fingerprint(cfg)
+    else:  # written before result fingerprints
+        same = summary.get("config_fingerprint") == cfg.fingerprint()
+    if not same:
+        raise CheckpointError(f"{out} holds a finished run of other settings; train with --no-resume to "
+                              f"replace it, or choose another --out")
+    return summary
+
+
+def _clean_leftovers(out: Path) -> None:
+    """Temporary files of writes a kill interrupted (`.NAME.*.tmp`, see io.atomic_write)."""
+    for tmp in out.glob(".*.tmp"):
+        if tmp.is_file():
+            tmp.unlink(missing_ok=True)
 
 
 def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: bool = True,
           progress: bool = True) -> dict:
-    """Train one run; returns the summary dict (also written to summary.json)."""
-    t0 = time.time()
+    """Train one run; returns the summary dict (also written to summary.json).
+
+    The run directory is locked for the duration (a second trainer on it is refused);
+    leftovers of a killed run are removed first."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ConfigError(f"run directory {out} is a file or lies under one; choose another --out") from None
+    main = DD.env_world()[0] == 0  # under torchrun only rank 0 writes files, so only it locks
+    with run_lock(out, "loopscale train") if main else contextlib.nullcontext():
+        if main:
+            _clean_leftovers(out)
+        done = _finished_summary(out, cfg) if resume else None
+        if done is not None:  # these very settings are already trained: keep the run untouched
+            (out / "state.pt").unlink(missing_ok=True)  # a kill between model.pt and its removal
+            return done
+        return _train(cfg, data_dir, out, resume=resume, progress=progress)
+
+
+def _train(cfg: RunConfig, data_dir: str | Path, out: Path, *, resume: bool, progress: bool) -> dict:
+    t0 = time.time()
     tc, mc = cfg.train, cfg.model
     if tc.threads > 0:
         torch.set_num_threads(tc.threads)
@@ -296,20 +373,9 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
         torch.manual_seed(DD.rank_seed(tc.seed, dd.rank))
 
     state_path, metrics_path = out / "state.pt", out / "metrics.jsonl"
-    done = _finished_summary(out, cfg)
-    if resume and done is not None:  # this exact run is already trained: keep it untouched
-        return done
     step, elapsed_before = 0, 0.0
     if resume and state_path.exists():
-        ck = load_checkpoint(state_path, map_location=device)
-        if resume_comparable(ck["config"]) != resume_comparable(cfg.to_dict()):
-            raise CheckpointError(f"checkpoint {state_path} was written with a different config; "
-                                  f"delete the run directory {out} to start over")
-        DD.load_states(model, opt, ck["model"], ck["optimizer"], dd, tc.fsdp)
-        ranks = ck.get("rng_ranks") or [{"cpu": ck["rng_cpu"], "cuda": ck.get("rng_cuda")}]
-        if dd.rank < len(ranks):  # a checkpoint of fewer ranks leaves the others their fresh seeds
-            DD.set_rng_state(ranks[dd.rank], device)
-        step, elapsed_before = ck["step"], ck.get("elapsed", 0.0)
+        step, elapsed_before = _resume(state_path, cfg, model, opt, device, total_steps, dd)
         if main:
             _metrics_upto(metrics_path, step)
             logger.info("resuming from %s at step %d/%d", state_path, step, total_steps)
@@ -317,21 +383,26 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
         metrics_path.unlink()
     DD.barrier(dd)  # rank 0 has read or dropped the old files before it writes new ones
 
+    # the data's identity travels with every checkpoint, so a model file copied on its own is
+    # still checked against the corpus and tokenizer it is evaluated on
+    data_record = {k: meta.get(k) for k in ("vocab_size", "tokens", "source_sha256", "tokenizer_sha256")}
     if main:
         env = run_environment(str(device))
         if dd.enabled:
             env["distributed"] = {"world_size": dd.world, "fsdp": tc.fsdp, "backend": torch.distributed.get_backend()}
-        atomic_write_json(out / "config.json", {"config": cfg.to_dict(), "env": env, "data": {
-            k: meta.get(k) for k in ("vocab_size", "tokens", "source_sha256", "tokenizer_sha256")}})
+        atomic_write_json(out / "config.json", {"config": cfg.to_dict(), "env": env, "data": data_record})
+
+    def model_record(weights: dict) -> dict:
+        return {"model": weights, "weights_sha256": weights_sha256(weights), "data": data_record}
 
     def save_state():  # every rank calls it (FSDP gathers the shards); rank 0 writes
         rng = DD.gather(DD.rng_state(device), dd)
-        state = {"model": DD.model_state(model, dd, tc.fsdp), "optimizer": DD.optimizer_state(model, opt, dd, tc.fsdp),
-                 "config": cfg.to_dict(), "step": step, "rng_cpu": rng[0]["cpu"], "rng_cuda": rng[0]["cuda"],
-                 "rng_ranks": rng, "world_size": dd.world,
-                 "elapsed": elapsed_before + time.time() - t0, "status": "running"}
+        weights, optim = DD.model_state(model, dd, tc.fsdp), DD.optimizer_state(model, opt, dd, tc.fsdp)
         if main:
-            atomic_torch_save(state_path, state)
+            atomic_torch_save(state_path, {**model_record(weights), "optimizer": optim, "config": cfg.to_dict(),
+                                           "step": step, "rng_cpu": rng[0]["cpu"], "rng_cuda": rng[0]["cuda"],
+                                           "rng_ranks": rng, "world_size": dd.world,
+                                           "elapsed": elapsed_before + time.time() - t0, "status": "running"})
 
     def validate() -> dict:
         r = exit_losses(model, val_tokens, tc.eval_batch_size, tc.eval_tokens, device=device)
@@ -411,7 +482,7 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
             tb.close()
 
     summary = {"status": status, "steps": step, "total_steps": total_steps,
-               "config_fingerprint": cfg.fingerprint(),
+               "config_fingerprint": cfg.fingerprint(), "result_fingerprint": result_fingerprint(cfg),
                "tokens": step * tc.batch_size * mc.seq_len, "params": model.num_params(),
                "wall_time_s": elapsed_before + time.time() - t0, "device": str(device), "world_size": dd.world}
     if status == "diverged":
@@ -428,7 +499,7 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
     # the final model: last finite weights (a diverged update is never applied)
     weights = DD.model_state(model, dd, tc.fsdp)  # every rank (FSDP gathers the shards)
     if main:
-        atomic_torch_save(out / "model.pt", {"model": weights, "config": cfg.to_dict(),
+        atomic_torch_save(out / "model.pt", {**model_record(weights), "config": cfg.to_dict(),
                                              "step": step, "status": status})
         from .artifacts import write_artifacts  # model.safetensors + tokenizer files (artifacts.py)
         write_artifacts(out, DD.plain_model(model, weights, dd, tc.fsdp), cfg, data_dir)

@@ -54,8 +54,8 @@ def cmd_figures(args) -> int:
 def cmd_write(args) -> int:
     from ..io import atomic_write_text
     from .write import load_params, report_markdown
-    runs = _runs(args)
     params = load_params(args.params, args.experiment)
+    runs = _runs(args)
     text = report_markdown(runs, Path(args.results), Path(args.out), experiment=args.experiment or "",
                            params=params, figures_dir=Path(args.figures) if args.figures else None)
     atomic_write_text(args.out, text)

@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Optional
 
 import pandas as pd
-import yaml
 
 from . import claims as C
 from .aggregate import Table, group_runs, table_markdown
@@ -21,14 +20,12 @@ from .tables import build_tables
 
 
 def load_params(path: Optional[str | os.PathLike], experiment: Optional[str]) -> dict:
-    """The experiment's section of params.yaml ({} when absent or unreadable)."""
+    """The experiment's section of params.yaml ({} without a path or that experiment). A
+    missing or unreadable file is a ConfigError: the report would silently lose its setup."""
     if not path:
         return {}
-    try:
-        with open(path) as f:
-            d = yaml.safe_load(f) or {}
-    except (OSError, yaml.YAMLError):
-        return {}
+    from ..config import read_yaml
+    d = read_yaml(path, "params file") or {}
     exps = d.get("experiments") if isinstance(d, dict) else None
     if isinstance(exps, dict) and experiment in exps and isinstance(exps[experiment], dict):
         return exps[experiment]
