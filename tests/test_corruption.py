@@ -114,3 +114,12 @@ def test_a_model_file_copied_alone_is_checked_against_the_data(run, smoke_data, 
     open_run(alone, smoke_data, progress=False)  # its own data: fine
     with pytest.raises(CheckpointError, match="another tokenizer"):
         open_run(alone, other, progress=False)
+
+
+@pytest.mark.parametrize("meta", ['[1, 2]', '{"vocab_size": "many", "tokens": {}}', '{"vocab_size": 512}', '\xff{'])
+def test_a_malformed_meta_json_is_one_line(meta, data_copy, tmp_path, capsys):
+    (data_copy / "meta.json").write_bytes(meta.encode("latin-1"))
+    rc = cli.main(["train", "--preset", "smoke", "--set", "data.vocab_size=512", "--data", str(data_copy),
+                   "--out", str(tmp_path / "r"), "-q"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1 and "meta.json" in err and "prepare-data" in err, err

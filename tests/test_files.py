@@ -104,3 +104,15 @@ def test_report_write_with_a_missing_params_file_is_an_error(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert rc == 2 and "nope.yaml" in err and len(err.splitlines()) == 1, err
     assert not (tmp_path / "REPORT.md").exists()
+
+
+def test_a_metrics_log_with_invalid_utf8_does_not_stop_the_report(smoke_data, tmp_path):
+    from loopscale.config import preset
+    from loopscale.report.runs import _read_jsonl
+    from loopscale.train import train
+    run = tmp_path / "runs" / "r"
+    train(preset("smoke", {"train": {"max_steps": 10}}), smoke_data, run, progress=False)
+    good = (run / "metrics.jsonl").read_bytes()
+    (run / "metrics.jsonl").write_bytes(good + b'{"step": 11, "loss": \xff\xfe}\n')
+    assert len(_read_jsonl(run / "metrics.jsonl")) == len(good.splitlines())  # the bad line skipped
+    assert cli.main(["report", "tables", "--runs", str(run), "--out", str(tmp_path / "results")]) == 0

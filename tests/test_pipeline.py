@@ -744,3 +744,37 @@ def test_dvc_repro_push_pull(smoke_local, tmp_path, record_property):
     # results/smoke is neither in git nor in the DVC cache (cache: false): only the
     # aggregates are rebuilt, nothing is retrained or re-evaluated
     assert not {"prepare_data", "train", "eval"} & set(rules), rules
+
+
+def test_the_docs_name_the_dvc_plugin_of_every_remote_type_they_mention():
+    """README "When things go wrong": s3:// and ssh:// remotes need DVC plugins that
+    requirements.lock does not install; every doc naming such a remote names the plugin."""
+    lock = (REPO / "requirements.lock").read_text()
+    for doc in [REPO / "README.md", *(REPO / "docs").glob("*.md")]:
+        text = doc.read_text()
+        for scheme, plugin in (("s3://", "dvc-s3"), ("ssh://", "dvc-ssh")):
+            if scheme in text:
+                assert f"pip install {plugin}" in text or plugin in lock, (doc.name, scheme)
+
+
+@pytest.mark.slow
+def test_a_killed_snakemake_needs_unlock_before_rerun_incomplete(tmp_path):
+    """README "When things go wrong": after a killed snakemake, `--rerun-incomplete` alone is
+    refused (the lock stays); `snakemake --unlock` first, then it finishes."""
+    import signal
+    repo = copy_worktree(tmp_path / "repo")
+    target = ("--until", "prepare_data")
+    proc = subprocess.Popen([SNAKEMAKE, "--cores", "1", *SMOKE, *target], cwd=repo, env=pipeline_env(repo),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    locks = repo / ".snakemake" / "locks"
+    t0 = time.monotonic()
+    while not (locks.exists() and any(locks.iterdir())) and time.monotonic() - t0 < 120:
+        time.sleep(0.1)
+    assert locks.exists() and any(locks.iterdir()), "snakemake never took its lock"
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+    again = smk(repo, "--cores", "1", "--rerun-incomplete", *SMOKE, *target, check=False)
+    assert again.returncode != 0 and "unlock" in (again.stdout + again.stderr).lower()
+    smk(repo, "--unlock", *SMOKE)
+    smk(repo, "--cores", "1", "--rerun-incomplete", *SMOKE, *target)
+    assert (repo / "data" / "smoke" / "meta.json").is_file()

@@ -137,14 +137,14 @@ def _read_json(path: Path) -> Any:
 def _read_jsonl(path: Path) -> list:
     out = []
     try:
-        with open(path) as f:
+        with open(path, "rb") as f:
             for line in f:
                 line = line.strip()
                 if not line:
                     continue
                 try:
-                    out.append(json.loads(line))
-                except ValueError:  # a line torn by a crash
+                    out.append(json.loads(line.decode("utf-8")))
+                except ValueError:  # a line torn by a crash, or not UTF-8: skipped, not fatal
                     continue
     except OSError:
         pass
