@@ -177,11 +177,10 @@ MODEL_PRESETS: dict[str, dict] = {
                                   seq_len=256, n_loops=4),
                        objective=dict(loss="terminal"),
                        train=dict(batch_size=8, epochs=2.0, lr=2e-4, precision="bf16")),
-    # laptop scale (calibrated on 2 cores: nine conditions x one seed took 13 min 15 s with
-    # `make reproduce` on a fresh clone; the 3-seed cpu experiment is estimated at ~22-25 min,
-    # docs/studies.md): the paper's architecture, init, optimiser and losses; narrow, short
-    # context, small vocabulary, and a higher constant lr (1e-3) so the drift shows within a
-    # few hundred steps
+    # laptop scale (calibrated on 2 cores: the cpu experiment, nine conditions x three seeds,
+    # took 19 min 25 s with `make reproduce` on a fresh clone, docs/studies.md): the paper's
+    # architecture, init, optimiser and losses; narrow, short context, small vocabulary, and
+    # a higher constant lr (1e-3) so the drift shows within a few hundred steps
     "cpu": dict(model=dict(vocab_size=2048, d_model=64, n_layers=2, n_heads=2, d_ff=256,
                            seq_len=64, n_loops=4),
                 data=dict(vocab_size=2048),
