@@ -312,7 +312,10 @@ def test_eval_settings_do_not_touch_train_config(params, tmp_path):
     assert len(P.materialize(exps["smoke"], tmp_path)) == 1 + 2 * len(exps["smoke"].runs)
     assert P.materialize(exps["smoke"], tmp_path) == []  # unchanged: nothing rewritten
     run = exps["smoke"].runs[0]
-    assert C.load_config(str(tmp_path / run.dir / "config.yaml")) == run.config  # what `loopscale train` reads
+    written = C.load_config(str(tmp_path / run.dir / "config.yaml"))  # what `loopscale train` reads
+    assert written.train.threads == 0  # the train job passes its own threads (--set train.threads)
+    written.train.threads = run.config.train.threads
+    assert written == run.config
     assert C.load_eval_config(str(tmp_path / run.dir / "eval.yaml")) == run.eval == C.eval_preset("smoke")
     p = copy.deepcopy(params)
     p["experiments"]["smoke"]["eval"] = {"max_tokens": 1024}
@@ -635,6 +638,18 @@ def test_eval_setting_reruns_evaluations_not_training(smoke_local, tmp_path):
     edit_params(repo, lambda p: p["experiments"]["smoke"].__setitem__("eval", {"max_tokens": 2048}))
     c = counts(dry_run(repo))
     assert "train" not in c and "prepare_data" not in c and c["eval"] == len(smoke_runs(repo))
+
+
+@pytest.mark.slow
+def test_a_thread_setting_reruns_nothing(smoke_local, tmp_path):
+    """train.threads changes a job's speed, not its result: no run retrains or re-evaluates
+    (the job passes its threads to training; RUN/config.yaml does not carry them). Only the
+    report, which quotes params.yaml, is rewritten."""
+    repo = fresh_copy(smoke_local[0], tmp_path / "repo")
+    edit_params(repo, lambda p: p["experiments"]["smoke"]["train"].__setitem__("threads", 2))
+    assert set(counts(dry_run(repo))) == {"report", "all"}
+    for run in smoke_runs(repo):  # the job's threads reached training (params.yaml: threads 1)
+        assert json.loads((run / "config.json").read_text())["config"]["train"]["threads"] == 1
 
 
 @pytest.mark.slow

@@ -501,7 +501,11 @@ def config_texts(run: PlannedRun) -> tuple[str, str]:
     what = f"experiment {run.experiment}, run {run.size}/{run.condition.id}/seed{run.seed}"
     train = _HEADER.format(what=f"{what}: training config, input of `loopscale train --config`")
     ev = _HEADER.format(what=f"{what}: evaluation settings, input of `loopscale eval --eval-config`")
-    return train + _dump(run.config.to_dict()), ev + _dump(run.eval.to_dict())
+    # train.threads changes how fast a job runs, not what it computes: the train rule passes
+    # the job's threads on the command line, so a changed thread count reruns nothing
+    cfg = run.config.to_dict()
+    cfg["train"]["threads"] = 0
+    return train + _dump(cfg), ev + _dump(run.eval.to_dict())
 
 
 def materialize(exp: Experiment, root: str | os.PathLike = ".") -> list[str]:

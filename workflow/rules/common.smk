@@ -75,9 +75,13 @@ def job_threads(wc):
     return run_of(wc).config.train.threads or 1
 
 
+def ranks_per_node():
+    return max(1, EXP.gpus_per_run // EXP.nodes_per_run)
+
+
 def train_threads(wc):
     """A training job's CPUs: train.threads for each of its ranks on one node."""
-    return job_threads(wc) * (EXP.gpus_per_run // EXP.nodes_per_run)
+    return job_threads(wc) * ranks_per_node()
 
 
 def reported_table(table):

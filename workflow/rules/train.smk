@@ -11,6 +11,10 @@
 # deliberately undeclared: Snakemake deletes the declared outputs of a failed job, and
 # resuming needs it; one left by other training settings is dropped (--drop-stale-state).
 #
+# Threads: RUN/config.yaml holds train.threads: 0 and the job passes its own threads
+# (--set train.threads), so changing train.threads in params.yaml retrains nothing: it
+# changes a job's speed, not its result (tests/test_pipeline.py).
+#
 # Time limits and preemption: a SIGTERM (SLURM sends one before the time limit) saves
 # state.pt and exits 143, a failed job; Snakemake retries it (`--retries`, set by the
 # SLURM profiles) and the retry resumes from state.pt. A crash is a result (status
@@ -35,6 +39,7 @@ rule train:
         run=run_dir_of,
         data=data_dir_of,
         launch=EXP.train_launcher,
+        ranks=ranks_per_node(),
     threads: train_threads
     resources:
         **EXP.train_resources,
@@ -42,4 +47,5 @@ rule train:
         "../envs/loopscale.yaml"
     shell:
         "{params.launch} --config {input.config:q} --data {params.data:q} --out {params.run:q}"
+        " --set train.threads=$(( {threads} / {params.ranks} ))"
         " -q --record-failure --drop-stale-state > {log:q} 2>&1"
