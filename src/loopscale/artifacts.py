@@ -26,7 +26,7 @@ from safetensors.torch import save as st_save
 from tokenizers import Tokenizer
 
 from .config import RunConfig
-from .io import CheckpointError, atomic_write_bytes, atomic_write_json, load_checkpoint
+from .io import CheckpointError, atomic_write_bytes, atomic_write_json
 from .model import LoopedLM
 
 WEIGHTS = "model.safetensors"

@@ -11,7 +11,6 @@ Std is the sample standard deviation over seeds (ddof=1); with one seed it is em
 from __future__ import annotations
 
 import math
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Optional

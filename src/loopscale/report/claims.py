@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional
 
 from . import paper
 from .aggregate import Group, clamp_modes, exits, final_exit, radial_loops, stats
