@@ -761,6 +761,25 @@ def test_dvc_repro_push_pull(smoke_local, tmp_path, record_property):
     assert not {"prepare_data", "train", "eval"} & set(rules), rules
 
 
+def test_every_dvc_stage_drives_its_own_experiment():
+    """Each DVC stage (the top dvc.yaml and the opt-in files under workflow/dvc/) runs the
+    Snakemake grid of an experiment that params.yaml defines, from the repository root,
+    depends on that experiment's settings and caches its data, runs and results."""
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    files = [REPO / "dvc.yaml", *sorted((REPO / "workflow" / "dvc").glob("*/dvc.yaml"))]
+    seen = set()
+    for f in files:
+        for name, stage in yaml.safe_load(f.read_text())["stages"].items():
+            exp = re.search(r"--config experiment=(\S+)", stage["cmd"]).group(1)
+            assert exp == name and exp in params["experiments"], (f, name)
+            assert (f.parent / stage.get("wdir", ".")).resolve() == REPO, (f, name)
+            assert f"experiments.{exp}" in stage["params"], (f, name)
+            assert [next(iter(o)) for o in stage["outs"]] == [f"data/{exp}", f"runs/{exp}", f"results/{exp}"]
+            seen.add(exp)
+    # every experiment with committed results can be rebuilt through DVC
+    assert {d.name for d in (REPO / "results").iterdir() if d.is_dir()} <= seen
+
+
 def test_the_docs_name_the_dvc_plugin_of_every_remote_type_they_mention():
     """README "When things go wrong": s3:// and ssh:// remotes need DVC plugins that
     requirements.lock does not install; every doc naming such a remote names the plugin."""
