@@ -452,7 +452,7 @@ def test_workflow_captions_and_dvc_plots_name_every_figure():
     captions = re.findall(r"^(\w+)$", (repo / "workflow" / "report" / "figures.rst").read_text(), re.M)
     assert captions == list(FIGURES)
     plots = {p for p in yaml.safe_load((repo / "dvc.yaml").read_text())["plots"] if isinstance(p, str)}
-    assert plots == {f"results/{exp}/figures/{f}.png" for exp in ("smoke", "cpu") for f in FIGURES}
+    assert plots == {f"results/{exp}/figures/{f}.png" for exp in ("smoke", "cpu", "cpu_long") for f in FIGURES}
 
 
 def test_drift_law_never_extrapolates_a_negative_norm():
