@@ -397,11 +397,6 @@ def load_eval_config(path: Optional[str] = None, overrides: Optional[list[str]] 
     return EvalConfig.from_dict(d)
 
 
-def load_config(path: str, overrides: Optional[list[str]] = None) -> RunConfig:
-    """Load a run config from YAML/JSON. A top-level `preset:` key starts from that preset."""
-    return resolve(path, None, overrides)
-
-
 # ---------------------------------------------------------------------------
 # typed construction and validation
 # ---------------------------------------------------------------------------

@@ -401,8 +401,9 @@ def build_experiment(params: dict, name: str) -> Experiment:
                 (f"{swhere}.preset", "", EVAL_PRESETS[preset]), (f"{where}.eval", "", exp.get("eval")),
                 (f"{swhere}.overrides.eval", "", size_eval), (f"{cs.where}.overrides.eval", "", cond_eval)],
                 f"{swhere} x {c.id}")
-            axes = {"model": {"readout": c.readout, "recurrence": c.recurrence},
-                    "objective": {"loss": c.loss, "regularizer": c.regularizer}}
+            axes: dict = {}
+            for a, (sec, key) in AXIS_KEYS.items():
+                axes.setdefault(sec, {})[key] = getattr(c, a)
             for seed in seeds:
                 rc = _build(RunConfig, RunConfig().to_dict(), size_layers + [
                     (cs.where, "", axes), (f"{cs.where}.overrides", "", cond_train),
