@@ -27,7 +27,7 @@ from tokenizers import Tokenizer
 
 from .config import RunConfig
 from .io import CheckpointError, atomic_write_bytes, atomic_write_json
-from .model import LoopedLM
+from .model import LoopedLM, build_model
 
 WEIGHTS = "model.safetensors"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -146,7 +146,7 @@ def load(run_dir: str | Path, device: str | torch.device = "cpu") -> tuple[Loope
             state = st_load(weights.read_bytes())
         except Exception as e:
             raise CheckpointError(f"{weights} is truncated or corrupted ({type(e).__name__})") from None
-        model = LoopedLM(cfg.model)
+        model = build_model(cfg.model)
         try:
             model.load_state_dict(state)
         except RuntimeError as e:

@@ -50,6 +50,11 @@ class ModelConfig:
     readout: str = "rmsnorm"  # loopscale.registry.READOUTS
     recurrence: str = "residual"  # loopscale.registry.RECURRENCES
     init: str = "pytorch"  # pytorch (paper: N(0,1) embeddings) | gpt2 (N(0, 0.02))
+    arch: str = "looped"  # loopscale.registry.ARCHS: looped (LoopedLM) | ouro (loopscale.ouro.OuroLM)
+    n_kv_heads: int = 0  # ouro: key/value heads (grouped-query attention); 0 = n_heads
+    rope_theta: float = 1e6  # ouro: RoPE base
+    alpha_init: float = 0.5  # ouro alpha readouts: the learned alpha's start
+    alpha_fixed: Optional[float] = None  # ouro alpha readouts: a fixed alpha in [0, 1] instead of a learned one
 
 
 @dataclass
@@ -59,6 +64,8 @@ class ObjectiveConfig:
     penalty_weight: float = registry.PAPER_PENALTY_WEIGHT  # lambda of the norm penalty
     ce_impl: str = "chunked"  # chunked (memory-lean, exact) | plain
     ce_chunk_tokens: int = 4096  # tokens per chunk of the chunked cross-entropy
+    exit_gate: bool = False  # ouro: train the exit gate: L = Σ_k p_k·CE_k − exit_beta·H(p) over the K steps
+    exit_beta: float = 0.1  # ouro: the entropy weight β of that loss
 
 
 @dataclass
@@ -192,6 +199,34 @@ MODEL_PRESETS: dict[str, dict] = {
                   data=dict(vocab_size=2048),
                   train=dict(batch_size=8, lr=1e-3, max_steps=30, stride=32, log_every=5,
                              ckpt_every=10, eval_tokens=2048, eval_batch_size=8)),
+    # Appendix B as the official release ran it (src/train_ouro_from_scratch_ddp.py): the
+    # architecture of ByteDance/Ouro-1.4B's config.json (24 layers, hidden 2048, 16 heads and 16
+    # key/value heads of 128, SwiGLU 5632, vocabulary 49,152, total_ut_steps 4, rope_theta 1e6,
+    # rms_norm_eps 1e-6, untied head) at seq 2048; AdamW β=(0.9, 0.95), wd 0.01, lr 3e-4, clip 1,
+    # per-device batch 8 x grad-accum 3 (global 48 on 2 GPUs), activation checkpointing, bf16
+    "ouro-1.4b": dict(model=dict(arch="ouro", vocab_size=49152, d_model=2048, n_layers=24, n_heads=16,
+                                 n_kv_heads=16, d_ff=5632, seq_len=2048, n_loops=4, dropout=0.0, norm_eps=1e-6,
+                                 rope_theta=1e6, init="gpt2", readout="rmsnorm", recurrence="inter_loop_norm"),
+                      objective=dict(loss="terminal"),
+                      data=dict(tokenizer="bpe", vocab_size=49152),
+                      train=dict(batch_size=48, grad_accum=3, lr=3e-4, betas=[0.9, 0.95], weight_decay=0.01,
+                                 max_steps=16667, precision="bf16", activation_checkpointing=True,
+                                 log_every=50, ckpt_every=500, eval_every=500)),
+    # the Ouro architecture at test size (grouped-query attention: 4 heads, 2 key/value heads)
+    "ouro-tiny": dict(model=dict(arch="ouro", vocab_size=2048, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
+                                 d_ff=64, seq_len=32, n_loops=4, dropout=0.0, rope_theta=1e4, init="gpt2",
+                                 readout="rmsnorm", recurrence="inter_loop_norm"),
+                      data=dict(vocab_size=2048),
+                      train=dict(batch_size=8, lr=1e-3, betas=[0.9, 0.95], max_steps=30, stride=32, log_every=5,
+                                 ckpt_every=10, eval_tokens=2048, eval_batch_size=8)),
+    # seconds on a CPU: the ouro-smoke experiment's runs
+    "ouro-smoke": dict(model=dict(arch="ouro", vocab_size=2048, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
+                                  d_ff=64, seq_len=32, n_loops=4, dropout=0.0, rope_theta=1e4, init="gpt2",
+                                  readout="rmsnorm", recurrence="inter_loop_norm"),
+                       objective=dict(loss="terminal"),
+                       data=dict(vocab_size=2048),
+                       train=dict(batch_size=8, lr=1e-3, betas=[0.9, 0.95], max_steps=30, stride=32, log_every=5,
+                                  ckpt_every=10, eval_tokens=2048, eval_batch_size=8)),
 }
 
 # the evaluation settings that go with each preset (EvalConfig fields; paper: the defaults)
@@ -203,6 +238,13 @@ EVAL_PRESETS: dict[str, dict] = {
     "smoke": dict(batch_size=8, max_tokens=4096, norm_tokens=2048, radial_tokens=1024, lemma_loops=8,
                   lemma_tokens=1024, clamp_tokens=2048, halting_tokens=4096, throughput_batches=3,
                   throughput_warmup=1),
+    "ouro-1.4b": dict(batch_size=2, max_tokens=32768, depth_factor=2),  # official: K = 1..8, 8 batches x 2 x 2048
+    "ouro-tiny": dict(batch_size=8, max_tokens=4096, norm_tokens=2048, radial_tokens=1024, lemma_loops=8,
+                      lemma_tokens=1024, clamp_tokens=2048, halting_tokens=4096, throughput_batches=3,
+                      throughput_warmup=1),
+    "ouro-smoke": dict(batch_size=8, max_tokens=4096, norm_tokens=2048, radial_tokens=1024, lemma_loops=8,
+                       lemma_tokens=1024, clamp_tokens=2048, halting_tokens=4096, throughput_batches=3,
+                       throughput_warmup=1),
 }
 
 
@@ -461,7 +503,8 @@ def _coerce(tp, v, key):
 def _choices() -> dict:
     """Allowed values per setting (read at validation time: the registry is the source)."""
     return {
-        ("model", "readout"): tuple(registry.READOUTS),
+        ("model", "readout"): tuple(registry.READOUTS) + tuple(registry.OURO_READOUTS),
+        ("model", "arch"): tuple(registry.ARCHS),
         ("model", "recurrence"): tuple(registry.RECURRENCES),
         ("model", "init"): INITS,
         ("objective", "loss"): tuple(registry.LOSSES),
@@ -507,8 +550,9 @@ SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")  # token ids 0..3 of every
 RANGES: dict[str, dict[str, Range]] = {
     "model": {"vocab_size": POSITIVE, "d_model": POSITIVE, "n_layers": POSITIVE, "n_heads": POSITIVE,
               "d_ff": POSITIVE, "seq_len": POSITIVE, "n_loops": POSITIVE, "dropout": FRACTION,
-              "norm_eps": POSITIVE},
-    "objective": {"penalty_weight": NON_NEGATIVE, "ce_chunk_tokens": POSITIVE},
+              "norm_eps": POSITIVE, "n_kv_heads": NON_NEGATIVE, "rope_theta": POSITIVE,
+              "alpha_init": Range(0, 1, True, True), "alpha_fixed": Range(0, 1)},
+    "objective": {"penalty_weight": NON_NEGATIVE, "ce_chunk_tokens": POSITIVE, "exit_beta": NON_NEGATIVE},
     "data": {"vocab_size": POSITIVE, "min_frequency": Range(1), "validation_fraction": Range(0, 1, True, True),
              "test_fraction": FRACTION, "split_seed": SEED, "max_documents": NON_NEGATIVE},
     "train": {"batch_size": POSITIVE, "grad_accum": POSITIVE, "lr": POSITIVE, "weight_decay": NON_NEGATIVE,
@@ -579,6 +623,7 @@ def validate(cfg: RunConfig) -> None:
     if m.d_model % m.n_heads:
         raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.n_heads ({m.n_heads})")
     _check_data(d)
+    _check_arch(cfg)
     if t.batch_size % t.grad_accum:
         raise ConfigError(f"train.batch_size ({t.batch_size}) must be divisible by train.grad_accum ({t.grad_accum})")
     if m.vocab_size < d.vocab_size:
@@ -586,3 +631,28 @@ def validate(cfg: RunConfig) -> None:
     if len(t.betas) != 2 or not all(isinstance(b, (int, float)) and not isinstance(b, bool) and b in FRACTION
                                     for b in t.betas):
         raise ConfigError(f"train.betas must be two numbers in [0, 1), got {t.betas!r}")
+
+
+def _check_arch(cfg: RunConfig) -> None:
+    """The settings each architecture allows (registry.ARCHS)."""
+    m, o = cfg.model, cfg.objective
+    if m.arch == "looped":
+        if m.readout not in registry.READOUTS:
+            raise ConfigError(f"model.readout {m.readout!r} is a readout of the Ouro track (model.arch=ouro); "
+                              f"the looped model takes one of {', '.join(registry.READOUTS)}")
+        if o.exit_gate:
+            raise ConfigError("objective.exit_gate needs model.arch=ouro (the looped model has no exit gate)")
+        return
+    ouro_readouts = ("rmsnorm", *registry.OURO_READOUTS)
+    if m.readout not in ouro_readouts:
+        raise ConfigError(f"model.readout {m.readout!r} is not a readout of model.arch=ouro; "
+                          f"choose one of {', '.join(ouro_readouts)}")
+    if m.recurrence != "inter_loop_norm":
+        raise ConfigError("model.arch=ouro needs model.recurrence=inter_loop_norm (Ouro applies model.norm after "
+                          "every recurrent step, before the next one)")
+    kv = m.n_kv_heads or m.n_heads
+    if m.n_heads % kv:
+        raise ConfigError(f"model.n_heads ({m.n_heads}) must be divisible by model.n_kv_heads ({kv})")
+    if (m.d_model // m.n_heads) % 2:
+        raise ConfigError(f"model.arch=ouro needs an even head size for RoPE, got d_model/n_heads = "
+                          f"{m.d_model // m.n_heads}")

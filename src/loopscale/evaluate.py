@@ -22,7 +22,7 @@ from . import data as D
 from .config import EvalConfig, RunConfig, load_eval_config
 from .io import CheckpointError, load_checkpoint
 from .linear_ce import linear_cross_entropy
-from .model import LoopedLM
+from .model import LoopedLM, build_model
 from .objective import mean_token_norm
 from .runtime import ppl, resolve_device
 
@@ -77,7 +77,7 @@ def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[Lo
         cfg = RunConfig.from_checkpoint(ckpt["config"])  # drops the `eval` of older checkpoints
     except Exception as e:
         raise CheckpointError(f"checkpoint {path} carries an invalid config: {e}") from None
-    model = LoopedLM(cfg.model)
+    model = build_model(cfg.model)
     try:
         model.load_state_dict(ckpt["model"])
     except RuntimeError as e:

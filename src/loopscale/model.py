@@ -183,6 +183,14 @@ class LoopedLM(nn.Module):
         return sum(p.numel() for p in self.parameters())
 
 
+def build_model(cfg: ModelConfig) -> nn.Module:
+    """The model of `model.arch`: LoopedLM, or the Ouro architecture (loopscale.ouro.OuroLM)."""
+    if getattr(cfg, "arch", "looped") == "ouro":
+        from .ouro import OuroLM
+        return OuroLM(cfg)
+    return LoopedLM(cfg)
+
+
 def _gpt2_init(m: nn.Module) -> None:
     if isinstance(m, (nn.Linear, nn.Embedding)):
         nn.init.normal_(m.weight, mean=0.0, std=0.02)
@@ -202,7 +210,7 @@ def flops_per_token(cfg: ModelConfig, n_loops: int | None = None, n_readouts: in
 
 def count_params(cfg: ModelConfig) -> int:
     with torch.device("meta"):
-        return LoopedLM(cfg).num_params()
+        return build_model(cfg).num_params()
 
 
 if __name__ == "__main__":  # parameter counts of the paper presets

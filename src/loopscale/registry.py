@@ -109,6 +109,65 @@ RECURRENCES: dict[str, Axis] = {a.name: a for a in (
     Axis("inter_loop_norm", "inter-loop norm", "RMSNorm(H_k) feeds loop k+1: the scale leaves the loop", 1),
 )}
 
+# ---------------------------------------------------------------------------
+# architectures, and the readouts of the Ouro track (Appendix B)
+# ---------------------------------------------------------------------------
+ARCHS: dict[str, Axis] = {a.name: a for a in (
+    Axis("looped", "looped LM", "the paper's looped decoder (loopscale.model.LoopedLM)", 0),
+    Axis("ouro", "Ouro", "ByteDance's Ouro architecture: RoPE, sandwich norms, untied head, model.norm after "
+                         "every recurrent step, exit gate (loopscale.ouro.OuroLM)", 1),
+)}
+
+
+@dataclass(frozen=True)
+class OuroReadout:
+    """A readout of the Ouro track (official `src/train_ouro_from_scratch_ddp.py`): what the
+    untied head reads at the exits k < K (`exit_norm`) and at exit K (`final_norm`). In Ouro
+    the step norm `model.norm` is also what step k+1 receives, so `exit_norm` doubles as
+    the recurrence. "alpha": s_ref^(1-α)·s^α·h/s (loopscale.readouts.AlphaReadout)."""
+    name: str
+    label: str
+    exit_norm: Optional[str]  # "rmsnorm" | "alpha"
+    final_norm: Optional[str]  # "rmsnorm" | "alpha" | None (raw)
+    description: str
+    per_loop: bool = False  # one alpha readout per step instead of one shared norm
+    order: int = OTHER
+
+    @property
+    def scale_invariant(self) -> bool:
+        return self.exit_norm == "rmsnorm" and self.final_norm == "rmsnorm"
+
+    @property
+    def raw(self) -> bool:
+        return False  # every Ouro readout normalises the steps k < K
+
+    @property
+    def exits_differ(self) -> bool:
+        return self.exit_norm != self.final_norm or self.per_loop
+
+    def norm_at(self, k: int, K: int) -> str:
+        return (self.final_norm if k >= K else self.exit_norm) or "raw"
+
+
+# the published per-step norm is the "rmsnorm" readout of READOUTS (RMSNorm at every exit)
+OURO_READOUTS: dict[str, OuroReadout] = {r.name: r for r in (
+    OuroReadout("final_raw", "final-step raw readout", "rmsnorm", None,
+                "model.norm at steps k < K, the raw state at step K (the official ConditionalNorm, "
+                "--no-readout-norm)", order=10),
+    OuroReadout("final_alpha", "final-step alpha readout", "rmsnorm", "alpha",
+                "model.norm at steps k < K, an alpha readout at step K (the official ConditionalAlphaReadout, "
+                "--alpha-readout)", order=11),
+    OuroReadout("per_loop_alpha", "per-loop alpha readout", "alpha", "alpha",
+                "an alpha readout of its own at every step, also fed to the next step (the official "
+                "PerLoopAlphaReadout, --alpha-readout --per-loop-alpha)", per_loop=True, order=12),
+)}
+
+
+def readout_spec(name: str):
+    """The readout of a model by its name: READOUTS, else the Ouro track's OURO_READOUTS."""
+    return READOUTS.get(name) or OURO_READOUTS[name]
+
+
 AXES = ("readout", "loss", "regularizer", "recurrence")  # the order of a condition id
 AXIS_DEFAULTS = {"regularizer": "none", "recurrence": "residual"}  # readout and loss have none
 

@@ -46,7 +46,7 @@ from .config import ConfigError, RunConfig
 from .evaluate import exit_losses
 from .io import (CheckpointError, atomic_torch_save, atomic_write_json, atomic_write_text,
                  load_checkpoint, run_environment, run_lock, weights_sha256)
-from .model import LoopedLM
+from .model import LoopedLM, build_model
 from .objective import LossOutput, compute_loss
 from .runtime import autocast, enable_tf32, resolve_device
 
@@ -100,7 +100,7 @@ def build(cfg: RunConfig, device: torch.device, *, compile: bool | None = None,
     model sharded in place under torchrun; torch.compile'd with train.compile).
     `compile`/`checkpoint` default to train.compile / train.activation_checkpointing."""
     tc = cfg.train
-    model = LoopedLM(cfg.model).to(device)
+    model = build_model(cfg.model).to(device)
     model.checkpoint_blocks = tc.activation_checkpointing if checkpoint is None else checkpoint
     net = DD.wrap(model, dd, tc.fsdp)  # before the optimiser: FSDP replaces the parameters
     opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay,

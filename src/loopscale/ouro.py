@@ -1,0 +1,493 @@
+"""The Ouro architecture (ByteDance's published looped LM), in loopscale's loop.
+
+Appendix B of the paper trains this architecture from scratch (official
+`src/train_ouro_from_scratch_ddp.py`) and swaps its per-step norm for readout variants.
+As published (config `model_type: ouro`, class `OuroForCausalLM`):
+
+  x_1   = embed_tokens(ids)                                no position embedding: RoPE in attention
+  loop  = the shared stack of `n_layers` decoder layers, each a sandwich-norm block
+            a = x + input_layernorm_2(attn(input_layernorm(x)))
+            y = a + post_attention_layernorm_2(mlp(post_attention_layernorm(a)))
+          attention: q/k/v/o projections, no biases, RoPE (rotate-half), grouped key/value heads;
+          mlp: down(silu(gate(x)) * up(x)) (SwiGLU)
+  H_k   = loop(x_k)                                        the state before any norm (diagnostics measure it)
+  x_k+1 = model.norm(H_k)                                  the same RMSNorm is the inter-step norm ...
+  logits_k = lm_head(model.norm(H_k))                      ... and the readout; lm_head is untied
+  gate  λ_k = σ(early_exit_gate(model.norm(H_k)))          per-token exit hazard (Linear d -> 1)
+
+So Ouro's recurrence is loopscale's `inter_loop_norm` and its readout `rmsnorm`, with one norm
+module for both. The readout variants of the official trainer replace that norm
+(loopscale.registry.OURO_READOUTS):
+
+  rmsnorm         the published per-step norm
+  final_raw       model.norm at steps k < K, the raw state at step K (official ConditionalNorm)
+  final_alpha     model.norm at steps k < K, an AlphaReadout at step K (official ConditionalAlphaReadout)
+  per_loop_alpha  an AlphaReadout of its own per step, fed forward too (official PerLoopAlphaReadout)
+
+The official wrappers pick the "last" step by counting calls modulo the training K, so at an
+evaluation depth K' != K the raw/alpha readout falls on step K (and 2K, ...), not on K'. Here
+the last step of the pass is always step K' ("final" is an argument, not a counter).
+
+Module names follow the published parameter names (`model.layers.0.self_attn.q_proj.weight`,
+`model.norm.weight`, `model.early_exit_gate.bias`, `lm_head.weight`, ...), so a Hugging Face
+Ouro checkpoint loads by name (`from_pretrained`), without remote code.
+"""
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from .config import ConfigError, ModelConfig, RunConfig, preset_dict
+from .io import CheckpointError
+from .model import KVCache
+from .readouts import AlphaReadout
+from .registry import readout_spec
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm as Ouro computes it: in fp32, cast back to the input dtype, then the gain."""
+
+    def __init__(self, d: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+
+def rope(x: torch.Tensor, start: int, theta: float) -> torch.Tensor:
+    """Rotary position embedding (the rotate-half form) of x [B, heads, T, head_dim] at
+    positions start..start+T-1; the angles are computed in fp32."""
+    T, hd = x.shape[2], x.shape[3]
+    inv_freq = 1.0 / theta ** (torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd)
+    ang = torch.arange(start, start + T, device=x.device, dtype=torch.float32)[:, None] * inv_freq
+    cos, sin = torch.cat([ang, ang], -1).cos().to(x.dtype), torch.cat([ang, ang], -1).sin().to(x.dtype)
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class OuroAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.n_kv = cfg.n_heads, cfg.n_kv_heads or cfg.n_heads
+        self.head_dim, self.theta, self.dropout = cfg.d_model // cfg.n_heads, cfg.rope_theta, cfg.dropout
+        self.q_proj = nn.Linear(cfg.d_model, self.n_heads * self.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.d_model, self.n_kv * self.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.d_model, self.n_kv * self.head_dim, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        B, T, _ = x.shape
+        past = 0 if cache is None else len(cache)
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        q, k = rope(q, past, self.theta), rope(k, past, self.theta)
+        mask = None
+        if cache is not None:
+            k, v = cache.append(k, v)
+            if past and T > 1:
+                mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
+        if self.n_kv != self.n_heads:  # each key/value head serves n_heads / n_kv query heads
+            k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
+            v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=past == 0,
+                                           dropout_p=self.dropout if self.training else 0.0)
+        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
+
+
+class OuroMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.up_proj = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.down_proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class OuroDecoderLayer(nn.Module):
+    """The sandwich-norm block: a norm before and after attention, and before and after the MLP."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.self_attn = OuroAttention(cfg)
+        self.mlp = OuroMLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.input_layernorm_2 = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.post_attention_layernorm_2 = RMSNorm(cfg.d_model, cfg.norm_eps)
+
+    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+        x = x + self.input_layernorm_2(self.self_attn(self.input_layernorm(x), cache))
+        return x + self.post_attention_layernorm_2(self.mlp(self.post_attention_layernorm(x)))
+
+
+class OuroBackbone(nn.Module):
+    """`model.*` of the published checkpoint: embedding, layers, step norm, exit gate (and the
+    alpha readouts of the Ouro track's variants, which the published model lacks)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList(OuroDecoderLayer(cfg) for _ in range(cfg.n_layers))
+        spec = readout_spec(cfg.readout)
+        alpha = dict(init_alpha=cfg.alpha_init, fixed_alpha=cfg.alpha_fixed, s_ref="learned", eps=cfg.norm_eps)
+        self.norm = None if getattr(spec, "per_loop", False) else RMSNorm(cfg.d_model, cfg.norm_eps)
+        if cfg.readout == "final_alpha":
+            self.alpha_readout = AlphaReadout(cfg.d_model, **alpha)
+        if cfg.readout == "per_loop_alpha":
+            self.alpha_readouts = nn.ModuleList(AlphaReadout(cfg.d_model, **alpha) for _ in range(cfg.n_loops))
+        self.early_exit_gate = nn.Linear(cfg.d_model, 1)
+
+
+class OuroLM(nn.Module):
+    """Ouro with loopscale's loop interface (`embed` / `loop` / `feed` / `readout` / `logits`),
+    so training, the diagnostics, halting and generation drive it as they drive LoopedLM."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        if cfg.arch != "ouro":
+            raise ConfigError(f"OuroLM needs model.arch=ouro, got {cfg.arch!r}")
+        self.cfg = cfg
+        self.readout_spec = readout_spec(cfg.readout)
+        self.model = OuroBackbone(cfg)
+        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)  # untied
+        self.checkpoint_blocks = False
+        if cfg.init == "gpt2":  # Hugging Face's init of Ouro: N(0, 0.02) weights, zero biases
+            self.apply(_init_weights)
+
+    @property
+    def blocks(self) -> nn.ModuleList:
+        return self.model.layers
+
+    @property
+    def head_weight(self) -> torch.Tensor:
+        return self.lm_head.weight
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    # -- the loop -------------------------------------------------------------------------
+    def embed(self, idx: torch.Tensor, start: int = 0) -> torch.Tensor:
+        """The input of step 1: the token embedding (positions enter through RoPE)."""
+        return self.model.embed_tokens(idx)
+
+    def loop(self, x: torch.Tensor, caches: list[KVCache] | None = None) -> torch.Tensor:
+        """One recurrent step: the shared layers once. Returns H_k before any norm."""
+        for i, layer in enumerate(self.model.layers):
+            if caches is not None:
+                x = layer(x, caches[i])
+            elif self.checkpoint_blocks and torch.is_grad_enabled():
+                x = checkpoint(layer, x, use_reentrant=False)
+            else:
+                x = layer(x)
+        return x
+
+    def _step_norm(self, h: torch.Tensor, k: Optional[int]) -> torch.Tensor:
+        """The norm of a step k < K: model.norm, or step k's own alpha readout (per-loop)."""
+        if self.model.norm is not None:
+            return self.model.norm(h)
+        if k is None:
+            raise ValueError("the per_loop_alpha readout needs the step k (model.feed(h, k=...))")
+        return self.model.alpha_readouts[min(k, self.cfg.n_loops) - 1](h)
+
+    def feed(self, h: torch.Tensor, k: Optional[int] = None) -> torch.Tensor:
+        """What step k+1 receives from H_k: the step norm (Ouro always normalises between steps)."""
+        return self._step_norm(h, k)
+
+    def readout(self, h: torch.Tensor, final: bool = True, k: Optional[int] = None) -> torch.Tensor:
+        """r(H_k): what the head reads; `final` marks the last step of the pass."""
+        name = self.cfg.readout
+        if not final or name == "rmsnorm":
+            return self._step_norm(h, k)
+        if name == "final_raw":
+            return h
+        if name == "final_alpha":
+            return self.model.alpha_readout(h)
+        return self.model.alpha_readouts[-1](h)  # per_loop_alpha: the last step's readout
+
+    def logits(self, h: torch.Tensor, final: bool = True, k: Optional[int] = None) -> torch.Tensor:
+        return self.lm_head(self.readout(h, final, k))
+
+    def forward(self, idx: torch.Tensor, n_loops: int | None = None, state_fn=None) -> list[torch.Tensor]:
+        """[H_1, ..., H_n] of `n_loops` steps (default K), each before any norm; `state_fn(k, x_in, h)`
+        (diagnostics) may replace step k's output."""
+        n_loops = self.cfg.n_loops if n_loops is None else n_loops
+        x = self.embed(idx)
+        states = []
+        for k in range(1, n_loops + 1):
+            h = self.loop(x)
+            if state_fn is not None:
+                h = state_fn(k, x, h)
+            states.append(h)
+            x = self.feed(h, k)
+        return states
+
+    # -- the exit gate ----------------------------------------------------------------------
+    def exit_distribution(self, states: list[torch.Tensor]) -> torch.Tensor:
+        """p(exit at step k) per token, [..., K]: hazards λ_k = σ(gate(r(H_k))) for k < K,
+        p_k = λ_k Π_{j<k}(1 − λ_j), and the last step takes the remaining mass (computed in fp32)."""
+        K = len(states)
+        remaining = torch.ones(states[0].shape[:-1], dtype=torch.float32, device=states[0].device)
+        pdf = []
+        for k, h in enumerate(states, start=1):
+            if k == K:
+                pdf.append(remaining)
+                break
+            lam = torch.sigmoid(self.model.early_exit_gate(self.readout(h, False, k)).squeeze(-1).float())
+            pdf.append(lam * remaining)
+            remaining = remaining * (1.0 - lam)
+        return torch.stack(pdf, dim=-1)
+
+
+def exit_loss(ce: torch.Tensor, pdf: torch.Tensor, beta: float) -> torch.Tensor:
+    """Ouro's entropy-regularised expected loss over exit steps: mean over tokens of
+    Σ_k p_k·CE_k − β·H(p), H(p) = −Σ_k p_k log p_k. `ce` and `pdf` are [..., K]."""
+    ent = -(pdf * pdf.clamp_min(1e-12).log()).sum(-1)
+    return ((pdf * ce).sum(-1) - beta * ent).mean()
+
+
+def _init_weights(m: nn.Module) -> None:
+    if isinstance(m, (nn.Linear, nn.Embedding)):
+        nn.init.normal_(m.weight, mean=0.0, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+
+
+# ---------------------------------------------------------------------------
+# Hugging Face checkpoints (config.json + model.safetensors [+ index], as published)
+# ---------------------------------------------------------------------------
+HF_INDEX = "model.safetensors.index.json"
+
+
+def is_hf_checkpoint(path: str | Path) -> bool:
+    """A directory holding a Hugging Face Ouro checkpoint (config.json with model_type ouro)."""
+    cfg = Path(path) / "config.json"
+    if not cfg.is_file():
+        return False
+    try:
+        return json.loads(cfg.read_text()).get("model_type") == "ouro"
+    except (json.JSONDecodeError, OSError, AttributeError):
+        return False
+
+
+def config_from_hf(hf: dict, seq_len: int = 2048, readout: str = "rmsnorm") -> RunConfig:
+    """The RunConfig of a published Ouro config.json (what it cannot express is refused)."""
+    def need(key):
+        if key not in hf:
+            raise CheckpointError(f"config.json has no {key!r}: not an Ouro config")
+        return hf[key]
+    d, heads = int(need("hidden_size")), int(need("num_attention_heads"))
+    if int(hf.get("head_dim") or d // heads) * heads != d:
+        raise CheckpointError(f"config.json: head_dim {hf['head_dim']} x {heads} heads != hidden_size {d} "
+                              f"(not supported)")
+    if hf.get("hidden_act", "silu") != "silu":
+        raise CheckpointError(f"config.json: hidden_act {hf['hidden_act']!r} is not supported (only silu)")
+    rope_cfg = hf.get("rope_scaling") or {}
+    rope_type = rope_cfg.get("rope_type", rope_cfg.get("type", "default")) if isinstance(rope_cfg, dict) else "?"
+    if rope_type not in ("default",) and not (rope_type == "linear" and float(rope_cfg.get("factor", 1)) == 1.0):
+        raise CheckpointError(f"config.json: rope_scaling {rope_cfg!r} is not supported (only plain RoPE)")
+    theta = hf.get("rope_theta", (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0))
+    if hf.get("use_sliding_window") or any(t != "full_attention" for t in hf.get("layer_types") or []):
+        raise CheckpointError("config.json: sliding-window attention is not supported")
+    vocab = int(need("vocab_size"))
+    base = preset_dict("ouro-1.4b")
+    base["model"].update(vocab_size=vocab, d_model=d, n_layers=int(need("num_hidden_layers")), n_heads=heads,
+                         n_kv_heads=int(hf.get("num_key_value_heads") or heads), d_ff=int(need("intermediate_size")),
+                         seq_len=int(seq_len), n_loops=int(hf.get("total_ut_steps", 4)),
+                         norm_eps=float(hf.get("rms_norm_eps", 1e-6)), rope_theta=float(theta), readout=readout,
+                         dropout=0.0)
+    # the data section only describes the vocabulary (the checkpoint's tokenizer is tokenizer.json)
+    base["data"].update(vocab_size=min(vocab, 65535), tokenizer="bpe" if vocab >= 260 else "word")
+    try:
+        return RunConfig.from_dict(base)
+    except ConfigError as e:
+        raise CheckpointError(f"config.json: {e}") from None
+
+
+def read_hf_state(path: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of model.safetensors, or of the shards an index json names."""
+    from safetensors.torch import load_file
+    run = Path(path)
+    index = run / HF_INDEX
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise CheckpointError(f"{index} is not a safetensors index ({type(e).__name__})") from None
+        files = sorted(set(weight_map.values()))
+    elif (run / "model.safetensors").is_file():
+        files = ["model.safetensors"]
+    else:
+        raise CheckpointError(f"{run} has neither model.safetensors nor {HF_INDEX}")
+    state = {}
+    for f in files:
+        try:
+            state.update(load_file(str(run / f)))
+        except FileNotFoundError:
+            raise CheckpointError(f"{run / f} (named by {HF_INDEX}) is missing") from None
+        except Exception as e:
+            raise CheckpointError(f"{run / f} is truncated or corrupted ({type(e).__name__})") from None
+    return state
+
+
+# tensors of published checkpoints that loopscale's Ouro does not use (other gate kinds)
+_UNUSED = ("model.lookahead_exit_gate.", "model.preloop_exit_gate.", "model.rotary_emb.")
+
+
+def load_state(model: OuroLM, state: dict[str, torch.Tensor], where: str, tied: bool = False) -> None:
+    """Load published (or official-trainer) tensors by name, strictly: a missing or extra
+    tensor is a one-line CheckpointError."""
+    state = {_official_name(k): v for k, v in state.items() if not k.startswith(_UNUSED)}
+    if tied and "lm_head.weight" not in state and "model.embed_tokens.weight" in state:
+        state["lm_head.weight"] = state["model.embed_tokens.weight"]
+    own = model.state_dict()
+    for k in own:  # the official AlphaReadout keeps no EMA counter (loopscale's, unused with a learned s_ref)
+        if k.endswith(".ema_count") and k not in state:
+            state[k] = own[k]
+    missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    if missing or extra:
+        what = f"misses {missing[0]}" if missing else f"has {extra[0]}, unknown to model.readout={model.cfg.readout}"
+        raise CheckpointError(f"{where} {what} ({len(missing)} missing, {len(extra)} unexpected tensors)")
+    for k, v in state.items():
+        if tuple(v.shape) != tuple(own[k].shape):
+            raise CheckpointError(f"{where}: {k} has shape {tuple(v.shape)}, the config needs {tuple(own[k].shape)}")
+    model.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
+
+
+def _official_name(k: str) -> str:
+    """The official trainer's wrapped-norm names (ConditionalNorm & co. hold the published norm
+    as `.norm`) -> loopscale's; torch.compile's prefix dropped."""
+    k = k.removeprefix("_orig_mod.")
+    for old, new in (("model.norm.norm.", "model.norm."), ("model.norm.alpha_readout.", "model.alpha_readout."),
+                     ("model.norm.alpha_readouts.", "model.alpha_readouts.")):
+        if k.startswith(old):
+            return new + k[len(old):]
+    return k
+
+
+def from_pretrained(path: str | Path, *, seq_len: int = 2048, n_loops: Optional[int] = None,
+                    dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> tuple[OuroLM, RunConfig]:
+    """(model in eval mode, its RunConfig) of a Hugging Face Ouro checkpoint directory
+    (ByteDance/Ouro-1.4B, Ouro-2.6B once downloaded), loaded by the published parameter names."""
+    run = Path(path)
+    if not run.is_dir():
+        raise CheckpointError(f"checkpoint directory {run} not found")
+    try:
+        hf = json.loads((run / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise CheckpointError(f"{run / 'config.json'} is missing or unreadable ({type(e).__name__})") from None
+    if not isinstance(hf, dict) or hf.get("model_type") != "ouro":
+        raise CheckpointError(f"{run / 'config.json'}: model_type is {hf.get('model_type') if isinstance(hf, dict) else None!r}, "
+                              f"not 'ouro'")
+    cfg = config_from_hf(hf, seq_len=seq_len)
+    if n_loops is not None:
+        cfg.model.n_loops = int(n_loops)
+    with torch.device("meta"):
+        model = OuroLM(cfg.model)
+    model = model.to_empty(device="cpu")
+    load_state(model, read_hf_state(run), str(run), tied=bool(hf.get("tie_word_embeddings", False)))
+    return model.to(device=device, dtype=dtype).eval(), cfg
+
+
+def save_pretrained(model: OuroLM, path: str | Path, shard_tensors: int = 0) -> Path:
+    """Write the model as a Hugging Face Ouro checkpoint directory: config.json (published keys)
+    and model.safetensors, or with `shard_tensors` > 0 shards of that many tensors plus the
+    index json. The published model has the plain per-step norm only."""
+    from safetensors.torch import save_file
+    if model.cfg.readout != "rmsnorm":
+        raise ValueError(f"only the published readout (rmsnorm) has a Hugging Face layout, got {model.cfg.readout!r}")
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+    m = model.cfg
+    hf = {"architectures": ["OuroForCausalLM"], "model_type": "ouro", "hidden_size": m.d_model,
+          "num_hidden_layers": m.n_layers, "num_attention_heads": m.n_heads,
+          "num_key_value_heads": m.n_kv_heads or m.n_heads, "head_dim": m.d_model // m.n_heads,
+          "intermediate_size": m.d_ff, "vocab_size": m.vocab_size, "max_position_embeddings": max(m.seq_len, 2048),
+          "rope_theta": m.rope_theta, "rope_scaling": None, "rms_norm_eps": m.norm_eps, "hidden_act": "silu",
+          "tie_word_embeddings": False, "total_ut_steps": m.n_loops, "use_sliding_window": False,
+          "torch_dtype": "float32"}
+    (out / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    tensors = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    if shard_tensors <= 0:
+        save_file(tensors, str(out / "model.safetensors"), metadata={"format": "pt"})
+        return out
+    names = sorted(tensors)
+    groups = [names[i:i + shard_tensors] for i in range(0, len(names), shard_tensors)]
+    weight_map = {}
+    for i, g in enumerate(groups, start=1):
+        fname = f"model-{i:05d}-of-{len(groups):05d}.safetensors"
+        save_file({k: tensors[k] for k in g}, str(out / fname), metadata={"format": "pt"})
+        weight_map.update({k: fname for k in g})
+    total = sum(t.numel() * t.element_size() for t in tensors.values())
+    (out / HF_INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    return out
+
+
+def count_params(cfg: ModelConfig) -> int:
+    with torch.device("meta"):
+        return OuroLM(cfg).num_params()
+
+
+def flops_per_token(cfg: ModelConfig, n_loops: Optional[int] = None, seq_len: Optional[int] = None) -> int:
+    """Forward matmul FLOPs per token (2 per multiply-add): the layers once per step, the
+    untied head once (the published model reads only the last step), causal attention."""
+    K = cfg.n_loops if n_loops is None else n_loops
+    T = cfg.seq_len if seq_len is None else seq_len
+    d, f, kv = cfg.d_model, cfg.d_ff, (cfg.n_kv_heads or cfg.n_heads) * (cfg.d_model // cfg.n_heads)
+    per_layer = 2 * (2 * d * d + 2 * d * kv + 3 * d * f) + 2 * 2 * T * d / 2
+    return int(K * cfg.n_layers * per_layer + 2 * d * cfg.vocab_size)
+
+
+# ---------------------------------------------------------------------------
+# evaluations of the Ouro track
+# ---------------------------------------------------------------------------
+@torch.inference_mode()
+def variable_depth(model, windows: torch.Tensor, depths, batch_size: int = 2) -> list[dict]:
+    """CE/PPL of next-token prediction at each depth K' (official `src/eval/ouro_variable_depth.py`),
+    K' steps read with the *final* readout at step K' (the official wrappers would read step K).
+    `windows` [N, T+1] token ids; one pass of max(depths) steps serves every depth."""
+    depths = sorted(set(int(k) for k in depths))
+    ce_sum, n = torch.zeros(len(depths), dtype=torch.float64), 0
+    dev = model.head_weight.device
+    for s in range(0, len(windows), batch_size):
+        b = windows[s:s + batch_size].to(dev)
+        x, y = b[:, :-1], b[:, 1:]
+        for i, K in enumerate(depths):
+            h = model(x, n_loops=K)[-1]
+            z = model.logits(h, final=True, k=K).float()
+            ce_sum[i] += F.cross_entropy(z.reshape(-1, z.shape[-1]), y.reshape(-1), reduction="sum").double().cpu()
+        n += y.numel()
+    return [{"K": K, "ce": float(ce_sum[i] / n), "ppl": float(math.exp(min(ce_sum[i] / n, 50)))}
+            for i, K in enumerate(depths)]
+
+
+@torch.inference_mode()
+def scale_sensitivity(model, windows: torch.Tensor, scales, batch_size: int = 2) -> list[dict]:
+    """CE when the *pre*-readout state of the last step is scaled, r(c·H_K) (the paper's
+    scale-sensitivity figure on Ouro, made by its notebook; the deprecated
+    `src/eval/ouro_scale_sensitivity.py` scaled after the norm). A scale-invariant readout
+    gives the same CE at every c."""
+    scales = [float(c) for c in scales]
+    ce_sum, n = torch.zeros(len(scales), dtype=torch.float64), 0
+    dev = model.head_weight.device
+    for s in range(0, len(windows), batch_size):
+        b = windows[s:s + batch_size].to(dev)
+        x, y = b[:, :-1], b[:, 1:]
+        h = model(x)[-1]
+        for i, c in enumerate(scales):
+            z = model.logits(c * h, final=True, k=model.cfg.n_loops).float()
+            ce_sum[i] += F.cross_entropy(z.reshape(-1, z.shape[-1]), y.reshape(-1), reduction="sum").double().cpu()
+        n += y.numel()
+    return [{"scale": c, "ce": float(ce_sum[i] / n)} for i, c in enumerate(scales)]
