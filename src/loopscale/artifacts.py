@@ -126,12 +126,17 @@ def load(run_dir: str | Path, device: str | torch.device = "cpu") -> tuple[Loope
     """(model, tokenizer, config) of a run directory, the model in eval mode on `device`.
 
     Weights from model.safetensors (else model.pt), config from config.json (else the
-    checkpoint's), tokenizer from tokenizer.json (`tokenizers.Tokenizer`)."""
+    checkpoint's), tokenizer from tokenizer.json (`tokenizers.Tokenizer`). A Hugging Face Ouro
+    checkpoint directory (config.json with model_type ouro) loads through
+    `loopscale.ouro.from_pretrained`."""
     run = Path(run_dir)
     if not run.is_dir():
         raise FileNotFoundError(f"run directory {run} not found")
     weights = run / WEIGHTS
-    if not weights.is_file():
+    from . import ouro
+    if ouro.is_hf_checkpoint(run):  # a published Hugging Face Ouro checkpoint (ByteDance/Ouro-1.4B, ...)
+        model, cfg = ouro.from_pretrained(run, device=device)
+    elif not weights.is_file():
         from .evaluate import load_model
         model, cfg, _ = load_model(run / "model.pt", device=device)
     else:

@@ -144,8 +144,9 @@ class LoopedLM(nn.Module):
                 x = block(x)
         return x
 
-    def feed(self, h: torch.Tensor) -> torch.Tensor:
-        """The recurrence: what loop k+1 receives from H_k."""
+    def feed(self, h: torch.Tensor, k: int | None = None) -> torch.Tensor:
+        """The recurrence: what loop k+1 receives from H_k (`k`: unused here; per-step readouts
+        of other architectures need it)."""
         return self.loop_norm(h) if self.loop_norm is not None else h  # inter-loop norm: scale leaves the loop
 
     def forward(self, idx: torch.Tensor, n_loops: int | None = None, state_fn=None) -> list[torch.Tensor]:
@@ -165,14 +166,14 @@ class LoopedLM(nn.Module):
         return states
 
     # -- the readout -----------------------------------------------------------
-    def readout(self, h: torch.Tensor, final: bool = True) -> torch.Tensor:
+    def readout(self, h: torch.Tensor, final: bool = True, k: int | None = None) -> torch.Tensor:
         """r(H): the normalised (or raw) state that the tied head reads.
 
         `final` marks the last exit of the pass (the final-only norm reads the others raw)."""
         norm = self.readout_spec.final_norm if final else self.readout_spec.exit_norm
         return h if norm is None else self.readout_norm(h)
 
-    def logits(self, h: torch.Tensor, final: bool = True) -> torch.Tensor:
+    def logits(self, h: torch.Tensor, final: bool = True, k: int | None = None) -> torch.Tensor:
         return F.linear(self.readout(h, final), self.tok_emb.weight)  # tied LM head
 
     @property
