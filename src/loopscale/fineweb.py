@@ -1,0 +1,315 @@
+"""Appendix B's training recipe: FineWeb streamed through `datasets`, trained with a cosine schedule.
+
+The official `src/train_ouro_from_scratch_ddp.py` streams `HuggingFaceFW/fineweb`
+(`sample-10BT`), shuffles it with a 10,000-document buffer, skips every document whose text,
+stripped of leading and trailing whitespace, has fewer than 50 characters, tokenises the rest
+with the Ouro tokenizer (no special tokens) and concatenates them into one token stream cut
+into chunks of seq+1 tokens that overlap by one (chunk i = tokens [i·seq, (i+1)·seq]). Under
+data parallelism each rank reads its own shard of the stream (`IterableDataset.shard`), or
+every world-th chunk where the stream cannot be sharded. The learning rate warms up linearly
+from 0 and decays by a cosine to `min_lr`; AdamW β = (0.9, 0.95).
+
+Here the same stream feeds loopscale's training step (`loopscale.train.train_step`: grad
+accumulation, autocast, DDP under torchrun, the divergence guard), with two differences that
+are deliberate: resuming is exact (a state.pt records how many chunks each rank consumed, and
+the reopened stream skips exactly those; the official `--exact-stream-resume` skips an
+approximate token count, and by default none), and the schedule counts optimiser steps (the
+official counts micro-steps: its 1,000 warm-up micro-steps at grad-accum 3 are 333 steps).
+
+  loopscale train-stream --preset ouro-1.4b --out RUN [--set stream.KEY=VALUE ...]
+                         [--val-data DATA]        a prepared data dir for validation
+
+Settings (`StreamConfig`, `--set stream.*`): `dataset`, `subset`, `data_files` (local parquet
+files in FineWeb's schema instead of the hub), `shuffle_buffer`, `min_chars`, `tokenizer` (a
+directory holding tokenizer.json, a tokenizer.json, or a hub name), `warmup_steps`, `min_lr`,
+`pure_bf16` (weights and optimiser state in bf16, as the official trainer keeps them).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Iterator, Optional
+
+import torch
+
+from .config import ConfigError, RunConfig, _build, merge, parse_overrides, resolve
+
+logger = logging.getLogger("loopscale.fineweb")
+
+
+@dataclass
+class StreamConfig:
+    dataset: str = "HuggingFaceFW/fineweb"
+    subset: str = "sample-10BT"
+    split: str = "train"
+    data_files: list = field(default_factory=list)  # local parquet files (FineWeb's schema) instead of the hub
+    text_key: str = "text"
+    shuffle_buffer: int = 10_000  # documents; 0: stream order
+    shuffle_seed: int = 42  # official: the run's seed
+    min_chars: int = 50  # documents whose stripped text is shorter are skipped
+    tokenizer: str = "ByteDance/Ouro-1.4B"  # a dir with tokenizer.json, a tokenizer.json, or a hub name
+    warmup_steps: int = 333  # optimiser steps of linear warm-up from 0
+    min_lr: float = 3e-5  # the cosine's floor (train.lr is its peak)
+    pure_bf16: bool = False  # weights, gradients and AdamW state in bf16 (official), instead of fp32 master weights
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "StreamConfig":
+        s = _build(cls, d, "stream")
+        for name in ("shuffle_buffer", "min_chars", "warmup_steps", "shuffle_seed"):
+            if getattr(s, name) < 0:
+                raise ConfigError(f"stream.{name} must be >= 0, got {getattr(s, name)!r}")
+        if not (math.isfinite(s.min_lr) and s.min_lr >= 0):
+            raise ConfigError(f"stream.min_lr must be a finite number >= 0, got {s.min_lr!r}")
+        if not all(isinstance(f, str) for f in s.data_files):
+            raise ConfigError("stream.data_files must be a list of file paths")
+        return s
+
+
+# ---------------------------------------------------------------------------
+# the stream
+# ---------------------------------------------------------------------------
+def load_tokenizer(spec: str):
+    """A `tokenizers.Tokenizer` from a directory holding tokenizer.json, a tokenizer.json file,
+    or the hub (e.g. ByteDance/Ouro-1.4B; needs network or the local hub cache)."""
+    from tokenizers import Tokenizer
+    p = Path(spec)
+    if p.is_dir():
+        if not (p / "tokenizer.json").is_file():
+            raise FileNotFoundError(f"tokenizer directory {p} has no tokenizer.json")
+        return Tokenizer.from_file(str(p / "tokenizer.json"))
+    if p.is_file():
+        return Tokenizer.from_file(str(p))
+    try:
+        return Tokenizer.from_pretrained(spec)
+    except Exception as e:
+        raise FileNotFoundError(f"tokenizer {spec!r}: not a local directory or file, and the hub did not "
+                                f"give it ({type(e).__name__}); download it or pass a local path") from None
+
+
+def open_documents(s: StreamConfig, rank: int = 0, world: int = 1) -> tuple[Iterable[dict], bool]:
+    """(the document stream of this rank, whether it is already sharded by rank)."""
+    from datasets import load_dataset
+    if s.data_files:
+        missing = [f for f in s.data_files if not Path(f).is_file()]
+        if missing:
+            raise FileNotFoundError(f"stream.data_files: {missing[0]} not found")
+        ds = load_dataset("parquet", data_files=list(s.data_files), split="train", streaming=True)
+    else:
+        ds = load_dataset(s.dataset, name=s.subset or None, split=s.split, streaming=True)
+    if s.shuffle_buffer > 0:
+        ds = ds.shuffle(seed=s.shuffle_seed, buffer_size=s.shuffle_buffer)
+    if world > 1 and getattr(ds, "num_shards", 1) >= world:
+        return ds.shard(num_shards=world, index=rank), True
+    return ds, False
+
+
+def chunks(docs: Iterable[dict], encode: Callable[[str], list[int]], seq_len: int, min_chars: int = 50,
+           text_key: str = "text", rank: int = 0, world: int = 1) -> Iterator[list[int]]:
+    """The official chunking: documents with fewer than `min_chars` characters once stripped are
+    skipped, the others' tokens concatenated and cut into seq_len+1 chunks overlapping by one
+    token; with world > 1 this rank keeps chunks rank, rank+world, ..."""
+    buf: list[int] = []
+    i = 0
+    for doc in docs:
+        text = doc.get(text_key) or ""
+        if len(text.strip()) < min_chars:
+            continue
+        buf.extend(encode(text))
+        while len(buf) >= seq_len + 1:
+            chunk, buf = buf[:seq_len + 1], buf[seq_len:]
+            if i % world == rank:
+                yield chunk
+            i += 1
+
+
+class ChunkStream:
+    """This rank's chunks of the stream, counting what it handed out (`consumed`), so a resumed
+    run reopens the stream and skips exactly that many. The stream restarts at its end."""
+
+    def __init__(self, s: StreamConfig, tokenizer, seq_len: int, rank: int = 0, world: int = 1,
+                 consumed: int = 0):
+        self.s, self.seq_len, self.rank, self.world = s, seq_len, rank, world
+        self.encode = lambda text: tokenizer.encode(text, add_special_tokens=False).ids
+        self.consumed, self.passes = 0, 0
+        self._it = self._open()
+        for _ in range(consumed):
+            self._next()
+
+    def _open(self) -> Iterator[list[int]]:
+        docs, sharded = open_documents(self.s, self.rank, self.world)
+        r, w = (0, 1) if sharded else (self.rank, self.world)
+        return chunks(docs, self.encode, self.seq_len, self.s.min_chars, self.s.text_key, r, w)
+
+    def _next(self) -> list[int]:
+        try:
+            c = next(self._it)
+        except StopIteration:
+            self.passes += 1
+            self._it = self._open()
+            try:
+                c = next(self._it)
+            except StopIteration:
+                raise ConfigError(f"the stream gives no chunk of seq_len+1 = {self.seq_len + 1} tokens "
+                                  f"(documents too short, or all filtered)") from None
+        self.consumed += 1
+        return c
+
+    def batch(self, n: int) -> torch.Tensor:
+        """The next n chunks, [n, seq_len+1] (int64)."""
+        return torch.tensor([self._next() for _ in range(n)], dtype=torch.long)
+
+
+def cosine_lr(step: int, warmup: int, total: int, lr: float, min_lr: float) -> float:
+    """The official schedule at (1-based) step `step`: lr·step/warmup during warm-up, then
+    min_lr + (lr − min_lr)·(1 + cos(π·p))/2, p the fraction of the post-warm-up steps done."""
+    if step < warmup:
+        return lr * step / warmup
+    p = (step - warmup) / max(1, total - warmup)
+    return min_lr + 0.5 * (lr - min_lr) * (1 + math.cos(math.pi * min(p, 1.0)))
+
+
+# ---------------------------------------------------------------------------
+# training on the stream
+# ---------------------------------------------------------------------------
+def train_stream(cfg: RunConfig, s: StreamConfig, out_dir: str | Path, *, val_data: Optional[str | Path] = None,
+                 resume: bool = True) -> dict:
+    """Train `cfg` on the stream `s` for train.max_steps optimiser steps into `out_dir`:
+    metrics.jsonl, state.pt (every train.ckpt_every steps: weights, optimiser, step, chunks
+    consumed), model.pt (what `loopscale eval` reads) and summary.json."""
+    from . import data as D
+    from . import distributed as DD
+    from .evaluate import exit_losses
+    from .io import atomic_torch_save, atomic_write_json, load_checkpoint, weights_sha256
+    from .model import build_model
+    from .runtime import enable_tf32, resolve_device
+    from .train import LastFinite, global_mean, resume_comparable, train_step
+
+    tc, mc = cfg.train, cfg.model
+    if not tc.max_steps:
+        raise ConfigError("train.max_steps is required for a streamed run (a stream has no epochs)")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    dd = DD.setup(resolve_device(tc.device))
+    device, main = dd.device, dd.is_main
+    enable_tf32(device)
+    per_rank = DD.micro_batch_size(tc.batch_size, dd.world, tc.grad_accum) * tc.grad_accum
+    tok = load_tokenizer(s.tokenizer)
+    if tok.get_vocab_size() > mc.vocab_size:
+        raise ConfigError(f"tokenizer {s.tokenizer!r} has {tok.get_vocab_size()} tokens, more than "
+                          f"model.vocab_size {mc.vocab_size}")
+    val_tokens = D.load_split(val_data, "validation") if val_data else None
+
+    torch.manual_seed(tc.seed)
+    model = build_model(mc).to(device)
+    if s.pure_bf16:
+        model = model.to(torch.bfloat16)
+    model.checkpoint_blocks = tc.activation_checkpointing
+    fwd = DD.wrap(model, dd, tc.fsdp)
+    opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay)
+
+    state_path, metrics_path = out / "state.pt", out / "metrics.jsonl"
+    record = {"config": cfg.to_dict(), "stream": dataclasses.asdict(s)}
+    step, consumed = 0, [0] * dd.world
+    if resume and state_path.exists():
+        ck = load_checkpoint(state_path, map_location=device)
+        if resume_comparable(ck.get("config") or {}) != resume_comparable(record["config"]) \
+                or ck.get("stream") != record["stream"]:
+            raise ConfigError(f"{state_path} was written with other settings; delete it to start over")
+        if len(ck.get("consumed", [])) != dd.world:
+            raise ConfigError(f"{state_path} was written by {len(ck.get('consumed', []))} ranks, this job has "
+                              f"{dd.world}: the stream position cannot carry over")
+        DD.load_states(model, opt, ck["model"], ck["optimizer"], dd, tc.fsdp)
+        step, consumed = int(ck["step"]), list(ck["consumed"])
+        logger.info("resuming at step %d (%d chunks consumed per rank)", step, consumed[dd.rank])
+    elif main:
+        metrics_path.unlink(missing_ok=True)
+    if step > tc.max_steps:
+        raise ConfigError(f"{state_path} is at step {step}, past train.max_steps {tc.max_steps}")
+    stream = ChunkStream(s, tok, mc.seq_len, dd.rank, dd.world, consumed=consumed[dd.rank])
+
+    def validate() -> Optional[dict]:
+        if val_tokens is None:
+            return None
+        r = exit_losses(model, val_tokens, tc.eval_batch_size, tc.eval_tokens, device=device)
+        return {"step": step, "split": "validation", "tokens": r["tokens"], "val_ce": r["ce"], "val_norm": r["norm"]}
+
+    def save(path: Path, extra: dict) -> None:
+        weights = DD.model_state(model, dd, tc.fsdp)
+        got = DD.gather(stream.consumed, dd)
+        if main:
+            atomic_torch_save(path, {**record, "model": weights, "weights_sha256": weights_sha256(weights),
+                                     "step": step, "consumed": got, **extra})
+
+    t0, status = time.time(), "completed"
+    guard = LastFinite(model.parameters())
+    log = open(metrics_path, "a") if main else None
+    try:
+        model.train()
+        while step < tc.max_steps:
+            lr = cosine_lr(step + 1, s.warmup_steps, tc.max_steps, tc.lr, s.min_lr)
+            for g in opt.param_groups:
+                g["lr"] = lr
+            b = stream.batch(per_rank).to(device)
+            is_log = (step + 1) % tc.log_every == 0 or step + 1 == tc.max_steps
+            r = train_step(model, fwd, opt, b[:, :-1], b[:, 1:], cfg, device, all_exits=is_log, dd=dd, guard=guard)
+            if not r.finite:
+                status = "diverged"
+                break
+            step += 1
+            if is_log and main:
+                res = global_mean(r.loss, dd)
+                log.write(json.dumps({"step": step, "lr": lr, "loss": res.total.item(), "ce": res.ce.tolist(),
+                                      "norm": res.norms.tolist(), "grad_norm": r.grad_norm.item(),
+                                      "tokens": step * tc.batch_size * mc.seq_len,
+                                      "elapsed": time.time() - t0}) + "\n")
+                log.flush()
+            if tc.eval_every and step % tc.eval_every == 0 and main and val_tokens is not None:
+                log.write(json.dumps(validate()) + "\n")
+            if step % tc.ckpt_every == 0 and step < tc.max_steps:
+                save(state_path, {"optimizer": DD.optimizer_state(model, opt, dd, tc.fsdp)})
+    finally:
+        if log is not None:
+            log.close()
+    val = validate() if status == "completed" else None
+    save(out / "model.pt", {"status": status})
+    summary = {"status": status, "steps": step, "tokens": step * tc.batch_size * mc.seq_len,
+               "chunks_consumed_per_rank": stream.consumed, "stream_passes": stream.passes,
+               "validation": val, "wall_time_s": time.time() - t0, "world_size": dd.world}
+    if main:
+        if val is not None:
+            with open(metrics_path, "a") as f:
+                f.write(json.dumps(val) + "\n")
+        atomic_write_json(out / "summary.json", summary)
+        state_path.unlink(missing_ok=True)
+    DD.barrier(dd)
+    return summary
+
+
+# ---------------------------------------------------------------------------
+# command line
+# ---------------------------------------------------------------------------
+def cmd_train_stream(args) -> int:
+    run_sets = [o for o in args.overrides if not o.startswith("stream.")]
+    stream_sets = parse_overrides([o for o in args.overrides if o.startswith("stream.")]).get("stream", {})
+    cfg = resolve(args.config, args.preset, run_sets)
+    s = StreamConfig.from_dict(merge(dataclasses.asdict(StreamConfig()), stream_sets, "stream"))
+    summary = train_stream(cfg, s, args.out, val_data=args.val_data, resume=not args.no_resume)
+    print(json.dumps({k: summary[k] for k in ("status", "steps", "tokens")}))
+    return 0
+
+
+def add_cli(subparsers) -> None:
+    p = subparsers.add_parser("train-stream", help="train one run on a streamed corpus (FineWeb, Appendix B)")
+    p.add_argument("--config", "-c", help="run config (YAML/JSON); may name a `preset:`")
+    p.add_argument("--preset", help="start from this preset (e.g. ouro-1.4b)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a run setting (train.lr=...) or a stream setting (stream.tokenizer=DIR)")
+    p.add_argument("--out", required=True, help="run directory")
+    p.add_argument("--val-data", help="a prepared data directory (same tokenizer) for validation")
+    p.add_argument("--no-resume", action="store_true", help="ignore an existing state.pt")
+    p.set_defaults(func=cmd_train_stream)

@@ -1,0 +1,156 @@
+"""The FineWeb recipe of Appendix B on a local parquet in FineWeb's schema and a tiny
+tokenizer: the official filtering and chunking, rank sharding, exact resume of the stream,
+the cosine schedule with warm-up, and a streamed Ouro run that resumes bit for bit."""
+import json
+import math
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from loopscale import fineweb as FW
+from loopscale import io as IO
+from loopscale.config import ConfigError, preset
+
+WORDS = [f"w{i}" for i in range(60)]
+
+
+def fineweb_rows(n=40, seed=0):
+    """Documents in FineWeb's schema; every fifth one too short (fewer than 50 non-blank chars)."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for i in range(n):
+        if i % 5 == 3:
+            text = "   w1 w2 w3   \n\n   "  # 8 characters once stripped: skipped
+        else:
+            k = int(torch.randint(15, 40, (1,), generator=g))
+            text = " ".join(WORDS[int(j)] for j in torch.randint(0, len(WORDS), (k,), generator=g))
+        rows.append({"text": text, "id": f"<urn:uuid:{i:08d}>", "dump": "CC-MAIN-2024-10",
+                     "url": f"https://example.org/{i}", "date": "2024-02-21T00:00:00Z",
+                     "file_path": "s3://commoncrawl/x.warc.gz", "language": "en",
+                     "language_score": 0.95, "token_count": len(text.split())})
+    return rows
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fineweb")
+    rows = fineweb_rows()
+    pq.write_table(pa.Table.from_pylist(rows), root / "000_00000.parquet")
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    vocab = {"<unk>": 0, **{w: i + 1 for i, w in enumerate(WORDS)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    (root / "tok").mkdir()
+    tok.save(str(root / "tok" / "tokenizer.json"))
+    return root, rows, tok
+
+
+def settings(root, **kw):
+    return FW.StreamConfig.from_dict({"data_files": [str(root / "000_00000.parquet")], "shuffle_buffer": 0,
+                                      "tokenizer": str(root / "tok"), "warmup_steps": 2, **kw})
+
+
+def test_official_filter_and_chunking(corpus):
+    root, rows, tok = corpus
+    kept = [r["text"] for r in rows if len(r["text"].strip()) >= 50]
+    assert len(kept) == len(rows) - len(rows) // 5
+    stream = [t for text in kept for t in tok.encode(text, add_special_tokens=False).ids]
+    seq = 16
+    got = list(FW.chunks(rows, lambda t: tok.encode(t, add_special_tokens=False).ids, seq))
+    assert all(len(c) == seq + 1 for c in got)
+    assert got == [stream[i * seq:i * seq + seq + 1] for i in range((len(stream) - 1) // seq)]
+    # two ranks of an unshardable stream: every other chunk each, together all of them
+    r0 = list(FW.chunks(rows, lambda t: tok.encode(t).ids, seq, rank=0, world=2))
+    r1 = list(FW.chunks(rows, lambda t: tok.encode(t).ids, seq, rank=1, world=2))
+    assert r0 == got[0::2] and r1 == got[1::2]
+
+
+def test_stream_from_parquet_and_exact_resume(corpus):
+    root, rows, tok = corpus
+    s = settings(root)
+    direct = list(FW.chunks(rows, lambda t: tok.encode(t, add_special_tokens=False).ids, 16))
+    st = FW.ChunkStream(s, tok, 16)
+    first = st.batch(5)
+    assert first.tolist() == direct[:5] and st.consumed == 5
+    again = FW.ChunkStream(s, tok, 16, consumed=5)
+    assert again.batch(3).tolist() == st.batch(3).tolist() == direct[5:8]
+    many = FW.ChunkStream(s, tok, 16).batch(len(direct) + 2)  # past the end: the stream restarts
+    assert many[len(direct):].tolist() == direct[:2]
+    shuffled = FW.ChunkStream(settings(root, shuffle_buffer=8, shuffle_seed=1), tok, 16).batch(len(direct))
+    assert shuffled.tolist() != direct  # the shuffle buffer reorders the documents
+    assert FW.ChunkStream(settings(root, shuffle_buffer=8, shuffle_seed=1), tok, 16).batch(4).tolist() == \
+        shuffled[:4].tolist()  # reproducibly (what exact resume needs)
+
+
+def test_cosine_schedule_with_warmup():
+    assert FW.cosine_lr(1, 10, 100, 3e-4, 3e-5) == pytest.approx(3e-5)
+    assert FW.cosine_lr(10, 10, 100, 3e-4, 3e-5) == pytest.approx(3e-4)
+    assert FW.cosine_lr(55, 10, 100, 3e-4, 3e-5) == pytest.approx(3e-5 + 0.5 * 2.7e-4)
+    assert FW.cosine_lr(100, 10, 100, 3e-4, 3e-5) == pytest.approx(3e-5)
+
+
+def test_bad_settings_are_one_line_errors(corpus, tmp_path):
+    root, _, _ = corpus
+    with pytest.raises(ConfigError, match="stream.min_chars"):
+        FW.StreamConfig.from_dict({"min_chars": -1})
+    with pytest.raises(ConfigError, match="unknown key 'stream.shuffle'"):
+        FW.StreamConfig.from_dict({"shuffle": 3})
+    with pytest.raises(FileNotFoundError, match="not found"):
+        FW.ChunkStream(FW.StreamConfig.from_dict({"data_files": [str(tmp_path / "none.parquet")]}), None, 8)
+    with pytest.raises(FileNotFoundError, match="no tokenizer.json"):
+        FW.load_tokenizer(str(tmp_path))
+
+
+def run_cfg(**train):
+    return preset("ouro-smoke", {"model": {"seq_len": 16},
+                                 "train": {"batch_size": 4, "grad_accum": 2, "max_steps": 4, "ckpt_every": 2,
+                                           "log_every": 1, "lr": 3e-3, **train}})
+
+
+def test_streamed_run_resumes_bit_for_bit(corpus, tmp_path, monkeypatch):
+    root, _, _ = corpus
+    s = settings(root)
+    full = FW.train_stream(run_cfg(), s, tmp_path / "full")
+    assert full["status"] == "completed" and full["chunks_consumed_per_rank"] == 16
+    lrs = [json.loads(l)["lr"] for l in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
+    assert lrs == pytest.approx([FW.cosine_lr(k, 2, 4, 3e-3, 3e-5) for k in range(1, 5)])
+
+    orig = IO.atomic_torch_save
+
+    def stop_after_state(path, obj):
+        orig(path, obj)
+        if path.name == "state.pt":
+            raise KeyboardInterrupt
+    monkeypatch.setattr(IO, "atomic_torch_save", stop_after_state)
+    with pytest.raises(KeyboardInterrupt):
+        FW.train_stream(run_cfg(), s, tmp_path / "cut")
+    monkeypatch.setattr(IO, "atomic_torch_save", orig)
+    assert IO.load_checkpoint(tmp_path / "cut" / "state.pt")["consumed"] == [8]
+    resumed = FW.train_stream(run_cfg(), s, tmp_path / "cut")
+    assert resumed["steps"] == 4
+    a = IO.load_checkpoint(tmp_path / "full" / "model.pt")["model"]
+    b = IO.load_checkpoint(tmp_path / "cut" / "model.pt")["model"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    # a state.pt of other settings is refused; one of a longer max_steps resumes
+    monkeypatch.setattr(IO, "atomic_torch_save", stop_after_state)
+    with pytest.raises(KeyboardInterrupt):
+        FW.train_stream(run_cfg(), s, tmp_path / "other")
+    monkeypatch.setattr(IO, "atomic_torch_save", orig)
+    with pytest.raises(ConfigError, match="other settings"):
+        FW.train_stream(run_cfg(lr=1e-3), s, tmp_path / "other")
+    assert FW.train_stream(run_cfg(max_steps=5), s, tmp_path / "other")["steps"] == 5
+
+
+def test_pure_bf16_and_evaluation_of_a_streamed_run(corpus, tmp_path):
+    root, _, _ = corpus
+    s = settings(root, pure_bf16=True)
+    r = FW.train_stream(run_cfg(max_steps=2, activation_checkpointing=True), s, tmp_path / "run")
+    assert r["status"] == "completed"
+    ck = IO.load_checkpoint(tmp_path / "run" / "model.pt")
+    assert ck["model"]["model.layers.0.mlp.up_proj.weight"].dtype == torch.bfloat16
+    from loopscale.evaluate import load_model
+    model, cfg, _ = load_model(tmp_path / "run" / "model.pt")
+    with torch.no_grad():
+        assert cfg.model.arch == "ouro" and math.isfinite(float(model.logits(model(torch.ones(1, 4).long())[-1]).sum()))
