@@ -203,14 +203,15 @@ MODEL_PRESETS: dict[str, dict] = {
     # architecture of ByteDance/Ouro-1.4B's config.json (24 layers, hidden 2048, 16 heads and 16
     # key/value heads of 128, SwiGLU 5632, vocabulary 49,152, total_ut_steps 4, rope_theta 1e6,
     # rms_norm_eps 1e-6, untied head) at seq 2048; AdamW β=(0.9, 0.95), wd 0.01, lr 3e-4, clip 1,
-    # per-device batch 8 x grad-accum 3 (global 48 on 2 GPUs), activation checkpointing, bf16
+    # per-device batch 8 x grad-accum 3 (global 48 on 2 GPUs), activation checkpointing, bf16;
+    # 16,667 steps = the official 50,000 micro-steps; windows every 2048 tokens (its chunks)
     "ouro-1.4b": dict(model=dict(arch="ouro", vocab_size=49152, d_model=2048, n_layers=24, n_heads=16,
                                  n_kv_heads=16, d_ff=5632, seq_len=2048, n_loops=4, dropout=0.0, norm_eps=1e-6,
                                  rope_theta=1e6, init="gpt2", readout="rmsnorm", recurrence="inter_loop_norm"),
                       objective=dict(loss="terminal"),
                       data=dict(tokenizer="bpe", vocab_size=49152),
                       train=dict(batch_size=48, grad_accum=3, lr=3e-4, betas=[0.9, 0.95], weight_decay=0.01,
-                                 max_steps=16667, precision="bf16", activation_checkpointing=True,
+                                 max_steps=16667, stride=2048, precision="bf16", activation_checkpointing=True,
                                  log_every=50, ckpt_every=500, eval_every=500)),
     # the Ouro architecture at test size (grouped-query attention: 4 heads, 2 key/value heads)
     "ouro-tiny": dict(model=dict(arch="ouro", vocab_size=2048, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,

@@ -491,3 +491,74 @@ def scale_sensitivity(model, windows: torch.Tensor, scales, batch_size: int = 2)
             ce_sum[i] += F.cross_entropy(z.reshape(-1, z.shape[-1]), y.reshape(-1), reduction="sum").double().cpu()
         n += y.numel()
     return [{"scale": c, "ce": float(ce_sum[i] / n)} for i, c in enumerate(scales)]
+
+
+# ---------------------------------------------------------------------------
+# command line: loopscale ouro-depth / ouro-scale
+# ---------------------------------------------------------------------------
+def open_model(path: str | Path, device: str = "cpu"):
+    """(model, RunConfig) of a Hugging Face Ouro directory, a loopscale run directory or a
+    model.pt/state.pt file."""
+    p = Path(path)
+    if p.is_dir() and is_hf_checkpoint(p):
+        return from_pretrained(p, device=device)
+    if p.is_dir():
+        if (p / "model.pt").is_file() and not (p / "model.safetensors").is_file():
+            p = p / "model.pt"
+        else:
+            from .artifacts import load
+            model, _, cfg = load(p, device=device)
+            return model, cfg
+    from .evaluate import load_model
+    model, cfg, _ = load_model(p, device=device)
+    return model, cfg
+
+
+def eval_windows(data_dir: str | Path, seq_len: int, max_windows: int, split: str = "validation") -> torch.Tensor:
+    """Windows of seq_len+1 tokens every seq_len tokens of a prepared data directory's split."""
+    from . import data as D
+    tokens = D.load_split(data_dir, split)
+    starts = list(range(0, len(tokens) - seq_len - 1 + 1, seq_len))[:max_windows or None]
+    if not starts:
+        raise D.DataError(f"{data_dir} split {split}: {len(tokens)} tokens, fewer than one window of {seq_len + 1}")
+    return torch.stack([torch.from_numpy(tokens[s:s + seq_len + 1].astype("int64")) for s in starts])
+
+
+def _cmd(args, what: str) -> int:
+    from .io import atomic_write_json
+    from .runtime import resolve_device
+    device = resolve_device(args.device)
+    model, cfg = open_model(args.model, device=str(device))
+    seq = args.seq_len or cfg.model.seq_len
+    windows = eval_windows(args.data, seq, args.windows)
+    if what == "depth":
+        rows = variable_depth(model, windows, range(1, args.max_k + 1), args.batch_size)
+    else:
+        rows = scale_sensitivity(model, windows, args.scales, args.batch_size)
+    result = {"evaluation": f"ouro-{what}", "model": str(args.model), "data": str(args.data),
+              "readout": cfg.model.readout, "k_train": cfg.model.n_loops, "seq_len": seq,
+              "tokens": int(windows[:, 1:].numel()), "rows": rows}
+    if args.out:
+        atomic_write_json(args.out, result)
+    print(json.dumps(result))
+    return 0
+
+
+def add_cli(subparsers) -> None:
+    for name, what, help_ in (("ouro-depth", "depth", "CE/PPL at depth K = 1..max-k, the final readout on step K "
+                                                      "(Appendix B's variable-depth table)"),
+                              ("ouro-scale", "scale", "CE when the pre-readout state is scaled by c "
+                                                      "(Appendix B's scale-sensitivity sweep)")):
+        p = subparsers.add_parser(name, help=help_)
+        p.add_argument("--model", required=True, help="a Hugging Face Ouro directory, a run directory or model.pt")
+        p.add_argument("--data", required=True, help="a prepared data directory tokenised with the model's tokenizer")
+        p.add_argument("--seq-len", type=int, default=0, help="window length (default: the model's seq_len)")
+        p.add_argument("--windows", type=int, default=16, help="validation windows (0: all)")
+        p.add_argument("--batch-size", type=int, default=2)
+        p.add_argument("--device", default="auto")
+        p.add_argument("--out", help="write the result JSON here")
+        if what == "depth":
+            p.add_argument("--max-k", type=int, default=8)
+        else:
+            p.add_argument("--scales", type=float, nargs="+", default=[0.25, 0.5, 1.0, 2.0, 4.0, 8.0])
+        p.set_defaults(func=lambda a, w=what: _cmd(a, w))

@@ -178,7 +178,9 @@ def axis_registry(axis: str) -> dict:
 
 
 def axis_values(axis: str) -> tuple[str, ...]:
-    return tuple(axis_registry(axis))
+    """The names an axis takes in configs and run ids (readouts: also the Ouro track's)."""
+    extra = tuple(r for r in OURO_READOUTS if r not in READOUTS) if axis == "readout" else ()
+    return tuple(axis_registry(axis)) + extra
 
 
 # ---------------------------------------------------------------------------
@@ -302,7 +304,7 @@ class Condition:
         def lab(registry, name):
             e = registry.get(name)
             return e.label if e is not None else name
-        parts = [lab(LOSSES, self.loss), lab(READOUTS, self.readout)]
+        parts = [lab(LOSSES, self.loss), lab({**OURO_READOUTS, **READOUTS}, self.readout)]
         reg = lab(REGULARIZERS, self.regularizer)
         if reg:
             parts.append(reg + ("" if self.paper_penalty else f" (λ={self.penalty_weight:g})"))
