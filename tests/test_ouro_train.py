@@ -81,3 +81,34 @@ def test_loopscale_load_reads_a_hugging_face_ouro_directory(tmp_path):
     ids = torch.tensor([t.encode("w1 w5 w9 w2").ids])
     with torch.no_grad():
         torch.testing.assert_close(model.logits(model(ids)[-1]), ref.logits(ref(ids)[-1]))
+
+
+def test_every_diagnostic_runs_on_an_imported_published_checkpoint(tmp_path):
+    """ouro-import: a Hugging Face Ouro directory becomes a run that `loopscale eval` reads,
+    on a corpus tokenised with the checkpoint's own tokenizer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from loopscale import data as D
+    from loopscale.config import DataConfig
+    path = write_hf(tmp_path / "Ouro-tiny", HF_TINY, published_tensors(HF_TINY))
+    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2, "<unk>": 3, **{f"w{i}": i + 4 for i in range(HF_TINY["vocab_size"] - 4)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(path / "tokenizer.json"))
+    g = torch.Generator().manual_seed(0)
+    for split in ("train", "valid"):
+        ids = torch.randint(4, HF_TINY["vocab_size"], (6000,), generator=g).tolist()
+        (tmp_path / f"{split}.txt").write_text(" ".join(f"w{i - 4}" for i in ids))
+    dc = DataConfig(source="text-files", train_file=str(tmp_path / "train.txt"),
+                    validation_file=str(tmp_path / "valid.txt"), tokenizer="word", vocab_size=HF_TINY["vocab_size"])
+    D.prepare_data(dc, tmp_path / "data", show_progress=False, tokenizer=tok)
+    run = ouro.import_hf(path, tmp_path / "run", seq_len=32)
+    res = run_all(run / "model.pt", tmp_path / "data", None, progress=False, eval_config=eval_preset("ouro-smoke"))
+    assert {n: r["status"] for n, r in res.items()} == {n: "ok" for n in res}
+    ref, _ = ouro.from_pretrained(path, seq_len=32)  # the depth evaluation's exit K, recomputed by hand
+    tokens = D.load_split(tmp_path / "data", "validation")
+    x, y = D.get_batch(tokens, D.eval_window_starts(len(tokens), 32, eval_preset("ouro-smoke").max_tokens), 32)
+    with torch.no_grad():
+        ce = torch.nn.functional.cross_entropy(ref.logits(ref(x)[-1]).flatten(0, 1), y.flatten()).item()
+    assert abs(res["depth"]["exits"][-1]["ce"] - ce) < 1e-4
+    assert loopscale.load(run)[2].model.arch == "ouro"

@@ -514,6 +514,30 @@ def open_model(path: str | Path, device: str = "cpu"):
     return model, cfg
 
 
+def import_hf(path: str | Path, out_dir: str | Path, seq_len: int = 2048) -> Path:
+    """A Hugging Face Ouro checkpoint as a loopscale run directory (model.pt, model.safetensors,
+    config.json, summary.json and its tokenizer files), so every `loopscale eval` diagnostic,
+    `loopscale generate` and the lm-eval model type read it like a trained run."""
+    import shutil
+
+    from .artifacts import save_weights
+    from .io import atomic_torch_save, atomic_write_json, run_environment, weights_sha256
+    model, cfg = from_pretrained(path, seq_len=seq_len)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    state = model.state_dict()
+    source = {"imported_from": str(Path(path).resolve()), "format": "huggingface ouro"}
+    atomic_torch_save(out / "model.pt", {"config": cfg.to_dict(), "model": state, "weights_sha256": weights_sha256(state),
+                                         "step": 0, "status": "completed", "source": source})
+    save_weights(out / "model.safetensors", model)
+    atomic_write_json(out / "config.json", {"config": cfg.to_dict(), "env": run_environment("cpu"), "source": source})
+    atomic_write_json(out / "summary.json", {"status": "completed", "steps": 0, "params": model.num_params(), **source})
+    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (Path(path) / f).is_file():
+            shutil.copyfile(Path(path) / f, out / f)
+    return out
+
+
 def eval_windows(data_dir: str | Path, seq_len: int, max_windows: int, split: str = "validation") -> torch.Tensor:
     """Windows of seq_len+1 tokens every seq_len tokens of a prepared data directory's split."""
     from . import data as D
@@ -544,7 +568,19 @@ def _cmd(args, what: str) -> int:
     return 0
 
 
+def cmd_import(args) -> int:
+    out = import_hf(args.checkpoint, args.out, seq_len=args.seq_len)
+    print(f"wrote the run directory {out} (loopscale eval ... --model {out / 'model.pt'})")
+    return 0
+
+
 def add_cli(subparsers) -> None:
+    p = subparsers.add_parser("ouro-import", help="a Hugging Face Ouro checkpoint (ByteDance/Ouro-1.4B, ...) as a "
+                                                   "loopscale run directory")
+    p.add_argument("checkpoint", help="the downloaded checkpoint directory (config.json, *.safetensors)")
+    p.add_argument("--out", required=True, help="the run directory to write")
+    p.add_argument("--seq-len", type=int, default=2048, help="evaluation window length (default 2048)")
+    p.set_defaults(func=cmd_import)
     for name, what, help_ in (("ouro-depth", "depth", "CE/PPL at depth K = 1..max-k, the final readout on step K "
                                                       "(Appendix B's variable-depth table)"),
                               ("ouro-scale", "scale", "CE when the pre-readout state is scaled by c "
