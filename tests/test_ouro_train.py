@@ -56,6 +56,10 @@ def test_exit_gate_objective_trains_the_gate(smoke_data, tmp_path):
 
 
 def test_every_diagnostic_runs_on_an_ouro_run(smoke_data, tmp_path):
+    train(cfg("per_loop_alpha"), smoke_data, tmp_path / "alpha", progress=False)  # per-step readouts need k
+    res = run_all(tmp_path / "alpha" / "model.pt", smoke_data, None, progress=False,
+                  eval_config=eval_preset("ouro-smoke"))
+    assert {n: r["status"] for n, r in res.items()} == {n: "ok" for n in res}
     train(cfg("final_raw"), smoke_data, tmp_path / "run", progress=False)
     res = run_all(tmp_path / "run" / "model.pt", smoke_data, tmp_path / "run" / "eval", progress=False,
                   eval_config=eval_preset("ouro-smoke"))

@@ -87,12 +87,12 @@ class Decoder:
         for k in range(1, n + 1):
             h = model.loop(x, self.caches[k - 1])
             if k < n and may_halt:
-                z = model.logits(h[:, -1], final=False).float()
+                z = model.logits(h[:, -1], final=False, k=k).float()
                 if confidences(z)[self.halt.policy].item() >= self.halt.threshold:
                     self._copy_forward(k)
                     return z[0], k
-            x = model.feed(h)
-        return model.logits(h[:, -1], final=True).float()[0], n
+            x = model.feed(h, k)
+        return model.logits(h[:, -1], final=True, k=n).float()[0], n
 
     def _copy_forward(self, k: int) -> None:
         """The token that halted after loop k: its loop-k keys/values stand in at loops k+1..n."""
