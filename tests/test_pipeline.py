@@ -487,7 +487,7 @@ def test_bad_params_stop_snakemake_with_one_line(dry_workspace):
     assert proc.stderr.strip().splitlines() == [
         "loopscale pipeline: error: params.yaml: experiments.smoke.conditions: unknown condition set "
         "'blind_spots'; define it under condition_sets (defined: paper7, loopscale9, blind_spot, "
-        "appendix_b, appendix_b_per_loop)"]
+        "appendix_b, appendix_b_per_loop, ouro, ouro_all)"]
     assert tree_digest(dry_workspace) == before
 
 
