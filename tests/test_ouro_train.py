@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import loopscale
-from loopscale import ouro
+from loopscale import ouro, ouro_tools
 from loopscale.config import eval_preset, preset
 from loopscale.diagnostics import run_all
 from loopscale.objective import compute_loss
@@ -106,7 +106,7 @@ def test_every_diagnostic_runs_on_an_imported_published_checkpoint(tmp_path):
     dc = DataConfig(source="text-files", train_file=str(tmp_path / "train.txt"),
                     validation_file=str(tmp_path / "valid.txt"), tokenizer="word", vocab_size=HF_TINY["vocab_size"])
     D.prepare_data(dc, tmp_path / "data", show_progress=False, tokenizer=tok)
-    run = ouro.import_hf(path, tmp_path / "run", seq_len=32)
+    run = ouro_tools.import_hf(path, tmp_path / "run", seq_len=32)
     res = run_all(run / "model.pt", tmp_path / "data", None, progress=False, eval_config=eval_preset("ouro-smoke"))
     assert {n: r["status"] for n, r in res.items()} == {n: "ok" for n in res}
     ref, _ = ouro.from_pretrained(path, seq_len=32)  # the depth evaluation's exit K, recomputed by hand

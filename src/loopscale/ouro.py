@@ -46,7 +46,6 @@ from torch.utils.checkpoint import checkpoint
 
 from .config import ConfigError, ModelConfig, RunConfig, preset_dict
 from .io import CheckpointError
-from .model import KVCache
 from .readouts import AlphaReadout
 from .registry import readout_spec
 
@@ -85,7 +84,7 @@ class OuroAttention(nn.Module):
         self.v_proj = nn.Linear(cfg.d_model, self.n_kv * self.head_dim, bias=False)
         self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.d_model, bias=False)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache=None) -> torch.Tensor:  # cache: a loopscale.model.KVCache
         B, T, _ = x.shape
         past = 0 if cache is None else len(cache)
         q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
@@ -128,7 +127,7 @@ class OuroDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.post_attention_layernorm_2 = RMSNorm(cfg.d_model, cfg.norm_eps)
 
-    def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, cache=None) -> torch.Tensor:
         x = x + self.input_layernorm_2(self.self_attn(self.input_layernorm(x), cache))
         return x + self.post_attention_layernorm_2(self.mlp(self.post_attention_layernorm(x)))
 
@@ -183,8 +182,10 @@ class OuroLM(nn.Module):
         """The input of step 1: the token embedding (positions enter through RoPE)."""
         return self.model.embed_tokens(idx)
 
-    def loop(self, x: torch.Tensor, caches: list[KVCache] | None = None) -> torch.Tensor:
-        """One recurrent step: the shared layers once. Returns H_k before any norm."""
+    def loop(self, x: torch.Tensor, caches: Optional[list] = None) -> torch.Tensor:
+        """One recurrent step: the shared layers once. Returns H_k before any norm.
+
+        `caches` (generation): this step's loopscale.model.KVCache of every layer, extended in place."""
         for i, layer in enumerate(self.model.layers):
             if caches is not None:
                 x = layer(x, caches[i])
@@ -491,110 +492,3 @@ def scale_sensitivity(model, windows: torch.Tensor, scales, batch_size: int = 2)
             ce_sum[i] += F.cross_entropy(z.reshape(-1, z.shape[-1]), y.reshape(-1), reduction="sum").double().cpu()
         n += y.numel()
     return [{"scale": c, "ce": float(ce_sum[i] / n)} for i, c in enumerate(scales)]
-
-
-# ---------------------------------------------------------------------------
-# command line: loopscale ouro-depth / ouro-scale
-# ---------------------------------------------------------------------------
-def open_model(path: str | Path, device: str = "cpu"):
-    """(model, RunConfig) of a Hugging Face Ouro directory, a loopscale run directory or a
-    model.pt/state.pt file."""
-    p = Path(path)
-    if p.is_dir() and is_hf_checkpoint(p):
-        return from_pretrained(p, device=device)
-    if p.is_dir():
-        if (p / "model.pt").is_file() and not (p / "model.safetensors").is_file():
-            p = p / "model.pt"
-        else:
-            from .artifacts import load
-            model, _, cfg = load(p, device=device)
-            return model, cfg
-    from .evaluate import load_model
-    model, cfg, _ = load_model(p, device=device)
-    return model, cfg
-
-
-def import_hf(path: str | Path, out_dir: str | Path, seq_len: int = 2048) -> Path:
-    """A Hugging Face Ouro checkpoint as a loopscale run directory (model.pt, model.safetensors,
-    config.json, summary.json and its tokenizer files), so every `loopscale eval` diagnostic,
-    `loopscale generate` and the lm-eval model type read it like a trained run."""
-    import shutil
-
-    from .artifacts import save_weights
-    from .io import atomic_torch_save, atomic_write_json, run_environment, weights_sha256
-    model, cfg = from_pretrained(path, seq_len=seq_len)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    state = model.state_dict()
-    source = {"imported_from": str(Path(path).resolve()), "format": "huggingface ouro"}
-    atomic_torch_save(out / "model.pt", {"config": cfg.to_dict(), "model": state, "weights_sha256": weights_sha256(state),
-                                         "step": 0, "status": "completed", "source": source})
-    save_weights(out / "model.safetensors", model)
-    atomic_write_json(out / "config.json", {"config": cfg.to_dict(), "env": run_environment("cpu"), "source": source})
-    atomic_write_json(out / "summary.json", {"status": "completed", "steps": 0, "params": model.num_params(), **source})
-    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (Path(path) / f).is_file():
-            shutil.copyfile(Path(path) / f, out / f)
-    return out
-
-
-def eval_windows(data_dir: str | Path, seq_len: int, max_windows: int, split: str = "validation") -> torch.Tensor:
-    """Windows of seq_len+1 tokens every seq_len tokens of a prepared data directory's split."""
-    from . import data as D
-    tokens = D.load_split(data_dir, split)
-    starts = list(range(0, len(tokens) - seq_len - 1 + 1, seq_len))[:max_windows or None]
-    if not starts:
-        raise D.DataError(f"{data_dir} split {split}: {len(tokens)} tokens, fewer than one window of {seq_len + 1}")
-    return torch.stack([torch.from_numpy(tokens[s:s + seq_len + 1].astype("int64")) for s in starts])
-
-
-def _cmd(args, what: str) -> int:
-    from .io import atomic_write_json
-    from .runtime import resolve_device
-    device = resolve_device(args.device)
-    model, cfg = open_model(args.model, device=str(device))
-    seq = args.seq_len or cfg.model.seq_len
-    windows = eval_windows(args.data, seq, args.windows)
-    if what == "depth":
-        rows = variable_depth(model, windows, range(1, args.max_k + 1), args.batch_size)
-    else:
-        rows = scale_sensitivity(model, windows, args.scales, args.batch_size)
-    result = {"evaluation": f"ouro-{what}", "model": str(args.model), "data": str(args.data),
-              "readout": cfg.model.readout, "k_train": cfg.model.n_loops, "seq_len": seq,
-              "tokens": int(windows[:, 1:].numel()), "rows": rows}
-    if args.out:
-        atomic_write_json(args.out, result)
-    print(json.dumps(result))
-    return 0
-
-
-def cmd_import(args) -> int:
-    out = import_hf(args.checkpoint, args.out, seq_len=args.seq_len)
-    print(f"wrote the run directory {out} (loopscale eval ... --model {out / 'model.pt'})")
-    return 0
-
-
-def add_cli(subparsers) -> None:
-    p = subparsers.add_parser("ouro-import", help="a Hugging Face Ouro checkpoint (ByteDance/Ouro-1.4B, ...) as a "
-                                                   "loopscale run directory")
-    p.add_argument("checkpoint", help="the downloaded checkpoint directory (config.json, *.safetensors)")
-    p.add_argument("--out", required=True, help="the run directory to write")
-    p.add_argument("--seq-len", type=int, default=2048, help="evaluation window length (default 2048)")
-    p.set_defaults(func=cmd_import)
-    for name, what, help_ in (("ouro-depth", "depth", "CE/PPL at depth K = 1..max-k, the final readout on step K "
-                                                      "(Appendix B's variable-depth table)"),
-                              ("ouro-scale", "scale", "CE when the pre-readout state is scaled by c "
-                                                      "(Appendix B's scale-sensitivity sweep)")):
-        p = subparsers.add_parser(name, help=help_)
-        p.add_argument("--model", required=True, help="a Hugging Face Ouro directory, a run directory or model.pt")
-        p.add_argument("--data", required=True, help="a prepared data directory tokenised with the model's tokenizer")
-        p.add_argument("--seq-len", type=int, default=0, help="window length (default: the model's seq_len)")
-        p.add_argument("--windows", type=int, default=16, help="validation windows (0: all)")
-        p.add_argument("--batch-size", type=int, default=2)
-        p.add_argument("--device", default="auto")
-        p.add_argument("--out", help="write the result JSON here")
-        if what == "depth":
-            p.add_argument("--max-k", type=int, default=8)
-        else:
-            p.add_argument("--scales", type=float, nargs="+", default=[0.25, 0.5, 1.0, 2.0, 4.0, 8.0])
-        p.set_defaults(func=lambda a, w=what: _cmd(a, w))
