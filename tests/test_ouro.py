@@ -193,6 +193,10 @@ def test_config_validation():
     s = preset_dict("smoke")
     with pytest.raises(ConfigError, match="Ouro track"):
         RunConfig.from_dict({**s, "model": {**s["model"], "readout": "final_alpha"}})
+    with pytest.raises(ConfigError, match="objective.exit_gate needs model.arch=ouro"):
+        RunConfig.from_dict({**s, "objective": {**s["objective"], "exit_gate": True}})
+    with pytest.raises(ConfigError, match=r"model.alpha_fixed must be .*\[0, 1\]"):
+        RunConfig.from_dict({**d, "model": {**d["model"], "alpha_fixed": 1.5}})
 
 
 # ---------------------------------------------------------------------------
@@ -312,3 +316,15 @@ def test_variable_depth_and_scale_sensitivity(hf_dir):
     w = torch.randint(0, 2048, (2, 9))
     sweep = ouro.scale_sensitivity(raw, w, [0.25, 1.0, 4.0])
     assert len({round(r["ce"], 4) for r in sweep}) == 3  # the raw readout sees it
+
+
+@pytest.mark.parametrize("readout", ["rmsnorm", "per_loop_alpha"])
+def test_generation_with_the_kv_cache_equals_full_passes(readout):
+    """loopscale.generate on an Ouro model: greedy tokens with the KV cache are those of full
+    passes without it, at the trained depth and beyond."""
+    from loopscale.generate import generate
+    m = tiny(readout)
+    for n in (4, 6):
+        cached = generate(m, [5, 9, 2, 7], 6, n_loops=n)
+        plain = generate(m, [5, 9, 2, 7], 6, n_loops=n, use_cache=False)
+        assert cached.tokens == plain.tokens and len(cached.tokens) == 6

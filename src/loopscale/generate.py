@@ -133,7 +133,7 @@ def generate(model: LoopedLM, prompt: list[int], max_new_tokens: int, n_loops: O
     if halt is not None and halt.policy not in POLICIES:
         raise ConfigError(f"--halt: unknown policy {halt.policy!r}; choose one of {', '.join(POLICIES)}")
     model.eval()
-    dev = model.tok_emb.weight.device
+    dev = model.head_weight.device
     seq = model.cfg.seq_len
     g = torch.Generator().manual_seed(seed)
     ids = list(prompt)
