@@ -154,3 +154,29 @@ def test_pure_bf16_and_evaluation_of_a_streamed_run(corpus, tmp_path):
     model, cfg, _ = load_model(tmp_path / "run" / "model.pt")
     with torch.no_grad():
         assert cfg.model.arch == "ouro" and math.isfinite(float(model.logits(model(torch.ones(1, 4).long())[-1]).sum()))
+
+
+@pytest.mark.slow
+def test_two_ranks_stream_the_same_global_batches_as_one(corpus, tmp_path):
+    """torchrun, 2 CPU ranks (gloo): each rank reads every other chunk of the unsharded local
+    stream, so the global batches, and the weights after training, are one process's."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    root, _, _ = corpus
+    sets = ["--preset", "ouro-smoke", "--set", "model.seq_len=16", "--set", "train.batch_size=4",
+            "--set", "train.max_steps=3", "--set", "train.log_every=1", "--set", "train.device=cpu",
+            "--set", f"stream.data_files=[{root / '000_00000.parquet'}]", "--set", "stream.shuffle_buffer=0",
+            "--set", f"stream.tokenizer={root / 'tok'}"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    torchrun = Path(sys.executable).parent / "torchrun"
+    subprocess.run([str(torchrun), "--standalone", "--nproc-per-node", "2", "-m", "loopscale.cli", "train-stream",
+                    *sets, "--out", str(tmp_path / "two")], check=True, env=env, capture_output=True, timeout=300)
+    subprocess.run([sys.executable, "-m", "loopscale.cli", "train-stream", *sets, "--out", str(tmp_path / "one")],
+                   check=True, env=env, capture_output=True, timeout=300)
+    a = IO.load_checkpoint(tmp_path / "one" / "model.pt")
+    b = IO.load_checkpoint(tmp_path / "two" / "model.pt")
+    assert b["consumed"] == [6, 6] and a["consumed"] == [12]
+    for k in a["model"]:
+        torch.testing.assert_close(a["model"][k], b["model"][k], rtol=1e-4, atol=1e-5)

@@ -116,3 +116,13 @@ def test_every_diagnostic_runs_on_an_imported_published_checkpoint(tmp_path):
         ce = torch.nn.functional.cross_entropy(ref.logits(ref(x)[-1]).flatten(0, 1), y.flatten()).item()
     assert abs(res["depth"]["exits"][-1]["ce"] - ce) < 1e-4
     assert loopscale.load(run)[2].model.arch == "ouro"
+
+
+@pytest.mark.parametrize("gate", [False, True])
+def test_the_exit_gate_learns_only_under_its_objective(gate):
+    """Without objective.exit_gate no loss reads the gate: it is frozen (DDP refuses parameters
+    without gradients), and it trains with it."""
+    from loopscale.train import build
+    model, _, _ = build(cfg(exit_gate=gate), torch.device("cpu"))
+    assert model.model.early_exit_gate.weight.requires_grad is gate
+    assert all(p.requires_grad for n, p in model.named_parameters() if "early_exit_gate" not in n)

@@ -209,6 +209,8 @@ def train_stream(cfg: RunConfig, s: StreamConfig, out_dir: str | Path, *, val_da
     if s.pure_bf16:
         model = model.to(torch.bfloat16)
     model.checkpoint_blocks = tc.activation_checkpointing
+    if hasattr(model, "set_objective"):
+        model.set_objective(cfg.objective)
     fwd = DD.wrap(model, dd, tc.fsdp)
     opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay)
 
@@ -261,8 +263,8 @@ def train_stream(cfg: RunConfig, s: StreamConfig, out_dir: str | Path, *, val_da
                 status = "diverged"
                 break
             step += 1
+            res = global_mean(r.loss, dd) if is_log else None  # a collective: every rank
             if is_log and main:
-                res = global_mean(r.loss, dd)
                 log.write(json.dumps({"step": step, "lr": lr, "loss": res.total.item(), "ce": res.ce.tolist(),
                                       "norm": res.norms.tolist(), "grad_norm": r.grad_norm.item(),
                                       "tokens": step * tc.batch_size * mc.seq_len,

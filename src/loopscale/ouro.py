@@ -235,6 +235,12 @@ class OuroLM(nn.Module):
             x = self.feed(h, k)
         return states
 
+    def set_objective(self, objective) -> None:
+        """Training calls this before wrapping the model for data parallelism: the exit gate
+        learns only under objective.exit_gate; otherwise it is frozen, as no loss reads it (DDP
+        refuses parameters that get no gradient)."""
+        self.model.early_exit_gate.requires_grad_(bool(getattr(objective, "exit_gate", False)))
+
     # -- the exit gate ----------------------------------------------------------------------
     def exit_distribution(self, states: list[torch.Tensor]) -> torch.Tensor:
         """p(exit at step k) per token, [..., K]: hazards λ_k = σ(gate(r(H_k))) for k < K,

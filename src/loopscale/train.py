@@ -102,6 +102,8 @@ def build(cfg: RunConfig, device: torch.device, *, compile: bool | None = None,
     tc = cfg.train
     model = build_model(cfg.model).to(device)
     model.checkpoint_blocks = tc.activation_checkpointing if checkpoint is None else checkpoint
+    if hasattr(model, "set_objective"):  # parameters only some objectives train (Ouro's exit gate)
+        model.set_objective(cfg.objective)
     net = DD.wrap(model, dd, tc.fsdp)  # before the optimiser: FSDP replaces the parameters
     opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay,
                             fused=device.type == "cuda" and not (dd.enabled and tc.fsdp))
