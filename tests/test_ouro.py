@@ -290,6 +290,7 @@ def test_exit_distribution_and_loss():
     lam = [torch.sigmoid(m.model.early_exit_gate(m.model.norm(h)).squeeze(-1)) for h in states[:3]]
     torch.testing.assert_close(pdf[..., 1], lam[1] * (1 - lam[0]))
     torch.testing.assert_close(pdf[..., 3], (1 - lam[0]) * (1 - lam[1]) * (1 - lam[2]))
+    torch.testing.assert_close(m.exit_pdf(states), pdf.movedim(-1, 0))  # steps first
     ce = torch.rand(2, 7, 4)
     ent = -(pdf * pdf.log()).sum(-1)
     torch.testing.assert_close(ouro.exit_loss(ce, pdf, 0.1), ((pdf * ce).sum(-1) - 0.1 * ent).mean())

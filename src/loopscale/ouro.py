@@ -239,7 +239,11 @@ class OuroLM(nn.Module):
         """Training calls this before wrapping the model for data parallelism: the exit gate
         learns only under objective.exit_gate; otherwise it is frozen, as no loss reads it (DDP
         refuses parameters that get no gradient)."""
-        self.model.early_exit_gate.requires_grad_(bool(getattr(objective, "exit_gate", False)))
+        reads_gate = bool(getattr(objective, "exit_gate", False)) or getattr(objective, "loss", None) == "adaptive"
+        self.model.early_exit_gate.requires_grad_(reads_gate)
+
+    def schedule(self, step: int, total_steps: int) -> None:
+        """Settings that follow the training step: none in Ouro (the trainer's hook)."""
 
     # -- the exit gate ----------------------------------------------------------------------
     def exit_distribution(self, states: list[torch.Tensor]) -> torch.Tensor:
@@ -256,6 +260,12 @@ class OuroLM(nn.Module):
             pdf.append(lam * remaining)
             remaining = remaining * (1.0 - lam)
         return torch.stack(pdf, dim=-1)
+
+
+    def exit_pdf(self, states: list[torch.Tensor]) -> torch.Tensor:
+        """`exit_distribution` with the steps first, [K, ...] (the layout of an adaptive loss
+        that weighs each exit's per-token CE by p_k)."""
+        return self.exit_distribution(states).movedim(-1, 0)
 
 
 def exit_loss(ce: torch.Tensor, pdf: torch.Tensor, beta: float) -> torch.Tensor:
