@@ -116,6 +116,7 @@ class EvalConfig:
     clamp_tokens: int = 32768
     halting_tokens: int = 65536
     halting_epsilon: float = 0.01
+    scale_tokens: int = 32768  # tokens of the alpha scale-sensitivity sweep
     throughput_batches: int = 10
     throughput_warmup: int = 2
     device: str = "auto"
@@ -201,7 +202,7 @@ EVAL_PRESETS: dict[str, dict] = {
     "paper-1.4b": {},
     "cpu": dict(batch_size=32, max_tokens=65536),
     "smoke": dict(batch_size=8, max_tokens=4096, norm_tokens=2048, radial_tokens=1024, lemma_loops=8,
-                  lemma_tokens=1024, clamp_tokens=2048, halting_tokens=4096, throughput_batches=3,
+                  lemma_tokens=1024, clamp_tokens=2048, halting_tokens=4096, throughput_batches=3, scale_tokens=2048,
                   throughput_warmup=1),
 }
 
@@ -520,7 +521,7 @@ RANGES: dict[str, dict[str, Range]] = {
              "norm_tokens": POSITIVE, "radial_tokens": POSITIVE, "lemma_loops": Range(2),
              "lemma_tokens": POSITIVE, "clamp_tokens": POSITIVE, "halting_tokens": POSITIVE,
              "halting_epsilon": NON_NEGATIVE, "throughput_batches": POSITIVE,
-             "throughput_warmup": NON_NEGATIVE},
+             "throughput_warmup": NON_NEGATIVE, "scale_tokens": POSITIVE},
 }
 
 

@@ -142,8 +142,10 @@ DIAGNOSTICS: dict[str, Diagnostic] = {d.name: d for d in (
     Diagnostic("norms", "per-loop ||H_k|| and the per-token distribution of ||H_K||"),
     Diagnostic("radial", "radial gradient fraction cos^2(dCE_k/dH_k, H_k) per exit"),
     Diagnostic("lemma", "radial increment and angular update over eval.lemma_loops loops"),
-    Diagnostic("clamp", "inference-time scale clamps (remove_radial, freeze_loop1)"),
+    Diagnostic("clamp", "inference-time scale clamps (official remove_radial, freeze_loop1; "
+                        "remove_radial_from_embedding)"),
     Diagnostic("halting", "calibrated post-hoc exit policies and dynamic-depth speed-up"),
+    Diagnostic("scale", "CE/PPL of the final readout of alpha*H_K, alpha from 0.1 to 10 (scale sensitivity)"),
 )}
 
 
