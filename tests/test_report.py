@@ -270,8 +270,13 @@ def test_claim_g_clamp():
     raw = cs(RAW, ppl=(50.0, 50.0, 50.0))
     assert verdict(C.claim_clamp, cs(RMS, clamp={"freeze_loop1": 0.05, "remove_radial": -0.1}, **rms), raw) \
         == C.REPRODUCED
-    assert verdict(C.claim_clamp, cs(RMS, clamp={"freeze_loop1": 0.05, "remove_radial": -0.3}, **rms), raw) \
+    # the verdict reads freeze_loop1 only; remove_radial is reported beside it
+    res = C.claim_clamp({s.cond: s for s in (cs(RMS, clamp={"freeze_loop1": 0.05, "remove_radial": 0.3}, **rms),
+                                              raw)})
+    assert res.verdict == C.REPRODUCED and "remove_radial |ΔCE| 0.3000" in res.ours
+    assert verdict(C.claim_clamp, cs(RMS, clamp={"freeze_loop1": 0.3, "remove_radial": 0.01}, **rms), raw) \
         == C.NOT_REPRODUCED
+    assert verdict(C.claim_clamp, cs(RMS, clamp={"remove_radial": 0.01}, **rms), raw) == C.NOT_RUN
     # without the raw condition only the absolute floor applies
     assert verdict(C.claim_clamp, cs(RMS, clamp={"freeze_loop1": 0.005}, **rms)) == C.REPRODUCED
     assert verdict(C.claim_clamp, cs(RMS, clamp={"freeze_loop1": 0.05}, **rms)) == C.NOT_REPRODUCED
