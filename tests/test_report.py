@@ -33,7 +33,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # ---------------------------------------------------------------------------
 def make_run(root: Path, readout="rmsnorm", loss="per_loop", regularizer="none", recurrence="residual", seed=42,
              status="completed", exit_ppl=(30.0, 20.0, 10.0), norm_k=(5.0, 8.0, 12.0), radial=None, clamp_dce=None,
-             diags=("depth", "throughput", "norms", "radial", "lemma", "clamp", "halting"), config_json=True,
+             diags=("depth", "throughput", "norms", "radial", "lemma", "clamp", "halting", "scale"), config_json=True,
              summary=True, diverged_at=17) -> Path:
     cfg = preset("smoke", {"model": {"readout": readout, "recurrence": recurrence},
                            "objective": {"loss": loss, "regularizer": regularizer},
@@ -78,7 +78,12 @@ def make_run(root: Path, readout="rmsnorm", loss="per_loop", regularizer="none",
                     "norm": norm_k[-1] * k / K} for k in range(K + 1, 3 * K + 1)]
     radial = radial if radial is not None else ([1e-12] * K if readout in ("rmsnorm", "layernorm") else [1e-2] * K)
     clamp_dce = clamp_dce if clamp_dce is not None else {"remove_radial": 0.001, "freeze_loop1": 0.002}
+    alphas = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+    slope = 0.0 if readout in ("rmsnorm", "layernorm", "final_norm") else 0.5  # raw final readout: CE rises with |log alpha|
     payloads = {
+        "scale": {"alphas": list(alphas), "sweep": [
+            {"alpha": a, "ce": ces[-1] + slope * abs(math.log(a)), "ppl": math.exp(ces[-1] + slope * abs(math.log(a))),
+             "delta_ce": slope * abs(math.log(a))} for a in alphas]},
         "depth": {"k_train": K, "exits": rows, "depth": deep},
         "throughput": {"depth": [{"k": k, "tokens_per_s": 9000.0 / k} for k in range(1, 3 * K + 1)]},
         "norms": {"loops": [{"k": k + 1, "norm": norm_k[k], "mean": norm_k[k]} for k in range(K)],
@@ -152,6 +157,20 @@ def test_mean_std_over_seeds_and_seed_count(grid, tmp_path):
     dp = tables["depth"].df
     raw = dp[(dp.condition_id == condition("raw", "per_loop").slug) & (dp.kind == "exit") & (dp.k == 1)].iloc[0]
     assert raw["ppl_mean"] == pytest.approx(30.0) and raw["ppl_n"] == 2
+
+
+def test_scale_table(grid):
+    t = {t.name: t for t in build_tables(runs_of(grid))}["scale"]
+    df = t.df
+    rms = df[df.condition_id == condition("rmsnorm", "per_loop").slug]
+    raw = df[df.condition_id == condition("raw", "per_loop").slug]
+    assert len(rms) == len(raw) == 10  # every alpha of the sweep
+    assert (rms["delta_ce_mean"] == 0).all() and rms.set_index("alpha").loc[1.0, "ce_n"] == 2
+    r10 = raw.set_index("alpha").loc[10.0]
+    assert r10["delta_ce_mean"] == pytest.approx(0.5 * math.log(10)) and r10["ce_n"] == 1  # seed 2: no eval files
+    line = next(l for l in t.md.splitlines() if "per-loop CE + raw readout |" in l)
+    assert line.endswith("| 1.15 |") and "| 1/2 |" in line  # max |ΔCE| of the raw model: 0.5·ln 10
+    assert "scale_sensitivity.py" in t.md
 
 
 def test_failed_and_diverged_runs_shown_and_excluded(grid):
@@ -361,7 +380,7 @@ def test_cli_outputs_are_deterministic(grid, tmp_path, monkeypatch):
     for name in outs[0]:
         assert outs[0][name] == outs[1][name], name
     names = set(outs[0])
-    for t in ("main", "depth", "norms", "radial", "lemma", "clamp", "halting", "drift", "runs", "claims"):
+    for t in ("main", "depth", "norms", "radial", "lemma", "clamp", "scale", "halting", "drift", "runs", "claims"):
         assert f"{t}.csv" in names and f"{t}.md" in names
     assert "per_seed.csv" in names and "figures/drift.png" in names and "figures/ppl_depth.pdf" in names
     report = outs[0]["REPORT.md"].decode()

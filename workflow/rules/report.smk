@@ -5,9 +5,9 @@
 # not as allocations). Files marked with report() go into `snakemake --report report.html`
 # (captions: workflow/report/*.rst; categories Claims, Figures, Tables, in that order).
 
-TABLES = ["main", "depth", "norms", "radial", "lemma", "clamp", "halting", "drift", "runs", "claims"]
+TABLES = ["main", "depth", "norms", "radial", "lemma", "clamp", "scale", "halting", "drift", "runs", "claims"]
 FIGURES = ["norm_per_loop", "norm_training", "ppl_depth", "frontier", "radial_vs_norm", "norm_histogram", "lemma",
-           "exit_training", "drift"]
+           "scale", "exit_training", "drift"]
 
 
 localrules:

@@ -171,6 +171,13 @@ def clamp_modes(run: Run) -> Optional[dict]:
     return m if isinstance(m, dict) else None
 
 
+def scale_sweep(run: Run) -> Optional[list]:
+    """[{alpha, ce, ppl, delta_ce}] from eval/scale.json (the α scale-sensitivity sweep)."""
+    d = run.diag("scale")
+    rows = d.get("sweep") if d else None
+    return rows if isinstance(rows, list) else None
+
+
 def halting_policies(run: Run) -> Optional[dict]:
     d = run.diag("halting")
     p = d.get("policies") if d else None
@@ -494,6 +501,46 @@ def clamp_table(groups: list[Group]) -> Table:
                  "per-token RMS. ΔCE = CE(clamped) − CE(unclamped) per exit. Paper: clamping the scale changes CE "
                  "very little.\n", _missing_note(groups, "clamp"), _excluded_note(groups))
     return Table("clamp", "Scale-clamp interventions", pd.DataFrame(rows), md)
+
+
+SCALE_MD_ALPHAS = (0.1, 0.5, 2.0, 10.0)  # the α columns of scale.md (scale.csv has every α)
+
+
+def scale_table(groups: list[Group]) -> Table:
+    """The α scale-sensitivity sweep: CE of the final readout of α·H_K, mean ± std over seeds."""
+    rows, md_rows = [], []
+    for g in groups:
+        per: dict = {}
+        for r in g.used:
+            for row in scale_sweep(r) or []:
+                if finite(row.get("alpha")):
+                    per.setdefault(float(row["alpha"]), []).append(row)
+        n = max([len(v) for v in per.values()] + [0])
+        for a in sorted(per):
+            row = {**_ids(g), "alpha": a}
+            for key in ("ce", "ppl", "delta_ce"):
+                st = stats(v.get(key) for v in per[a])
+                row.update({f"{key}_mean": st[0], f"{key}_std": st[1], f"{key}_n": st[2]})
+            rows.append(row)
+        if not per:
+            md_rows.append([g.size.label, g.cond.label, f"0/{len(g.runs)}"] + [EMPTY] * (len(SCALE_MD_ALPHAS) + 2))
+            continue
+        worst = []
+        for r in g.used:
+            d = [abs(v.get("delta_ce")) for v in scale_sweep(r) or [] if finite(v.get("delta_ce"))]
+            if d:
+                worst.append(max(d))
+        md_rows.append([g.size.label, g.cond.label, f"{n}/{len(g.runs)}", pm(*stats(v.get("ce") for v in per.get(1.0, [])),
+                                                                            n_row=n)]
+                       + [pm(*stats(v.get("delta_ce") for v in per.get(a, [])), n_row=n) for a in SCALE_MD_ALPHAS]
+                       + [pm(*stats(worst), n_row=n)])
+    md = md_table(["Size", "Condition", "n", "CE at α=1"] + [f"ΔCE α={a:g}" for a in SCALE_MD_ALPHAS]
+                  + ["max |ΔCE|"], md_rows)
+    md += _notes("\nScale sensitivity (the official scale_sensitivity.py): CE of the final readout of α·H_K, "
+                 "ΔCE = CE(α) − CE(1), α = 0.1 … 10 (every α in scale.csv and the scale figure). A scale-invariant "
+                 "readout is flat in α (ΔCE = 0: the loss cannot see ‖H_K‖); a raw readout is not.\n",
+                 _missing_note(groups, "scale"), _excluded_note(groups))
+    return Table("scale", "Scale sensitivity: CE of the readout of α·H_K", pd.DataFrame(rows), md)
 
 
 def halting_table(groups: list[Group]) -> Table:

@@ -20,7 +20,7 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormat
 
 from ..io import atomic_write
 from .aggregate import (Group, depth_curve, exits, final_exit, group_runs, lemma_loops, norm_histogram, norm_loops,
-                        radial_loops, stats, throughput_curve, training_norms)
+                        radial_loops, scale_sweep, stats, throughput_curve, training_norms)
 from ..registry import READOUTS, Condition
 from .runs import Run, finite
 
@@ -434,6 +434,34 @@ def fig_lemma(groups: list[Group], path: Path) -> Path:
     return _save(fig, path)
 
 
+def fig_scale(groups: list[Group], path: Path) -> Path:
+    """CE of the final readout of α·H_K against α (the official scale-sensitivity figure)."""
+    fig, axes, sizes = _panels(groups)
+    for ax, size in zip(axes, sizes):
+        any_ = False
+        for g in (g for g in groups if g.size == size):
+            per: dict = {}
+            for r in g.used:
+                for row in scale_sweep(r) or []:
+                    if _positive(row.get("alpha")) and finite(row.get("ce")):
+                        per.setdefault(float(row["alpha"]), []).append(row["ce"])
+            if per:
+                any_ = True
+                al = sorted(per)
+                ax.plot(al, [stats(per[a])[0] for a in al], color=colour(g.cond), ls=linestyle(g.cond),
+                        marker=marker(g.cond), ms=4, lw=1.8)
+        if any_:
+            ax.set_xscale("log")
+            ax.axvline(1.0, color="0.2", ls=":", lw=1)
+        else:
+            _empty(ax, "scale")
+        ax.set_title(f"Scale sensitivity — {size.label}")
+        ax.set_xlabel("scale factor α of H_K before the readout (log scale; dotted: α = 1)")
+        ax.set_ylabel("validation CE of the final readout (nats)")
+    _legend(fig, groups)
+    return _save(fig, path)
+
+
 def _exit_curves(g: Group) -> tuple[list, list]:
     """Training steps and, per exit k, the seed-mean training CE at those steps (steps
     logged by every completed seed)."""
@@ -543,6 +571,7 @@ FIGURES = {
     "radial_vs_norm": (fig_radial_vs_norm, "Radial gradient fraction vs ‖H_K‖"),
     "norm_histogram": (fig_norm_histogram, "Per-token ‖H_K‖ distribution"),
     "lemma": (fig_lemma, "Lemma-2 check: scale, angular update and their product vs loop"),
+    "scale": (fig_scale, "Scale sensitivity: CE of the readout of α·H_K vs α"),
     "exit_training": (fig_exit_training, "Training CE of every exit over training steps, one panel per condition"),
     "drift": (fig_drift, "Drift law: ‖H_K‖ vs training step, fitted and extrapolated to the paper's step count"),
 }

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Optional
 
 from .aggregate import (Table, clamp_table, depth_table, group_runs, halting_table, lemma_table, main_table,
-                        norms_table, radial_table, runs_table)
+                        norms_table, radial_table, runs_table, scale_table)
 from .drift import drift_table
 from .runs import Run
 from .tidy import per_seed_table
@@ -17,5 +17,6 @@ def build_tables(runs: list[Run], root: Optional[Path] = None) -> list[Table]:
     groups = group_runs(runs)
     norms, norm_loops_t = norms_table(groups)
     return [main_table(groups), depth_table(groups), norms, radial_table(groups), lemma_table(groups),
-            clamp_table(groups), halting_table(groups), drift_table(groups), runs_table(runs, root)] + \
+            clamp_table(groups), scale_table(groups), halting_table(groups), drift_table(groups),
+            runs_table(runs, root)] + \
         [norm_loops_t, per_seed_table(runs, root)]
