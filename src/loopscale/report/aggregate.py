@@ -530,10 +530,9 @@ def scale_table(groups: list[Group]) -> Table:
             d = [abs(v.get("delta_ce")) for v in scale_sweep(r) or [] if finite(v.get("delta_ce"))]
             if d:
                 worst.append(max(d))
-        md_rows.append([g.size.label, g.cond.label, f"{n}/{len(g.runs)}", pm(*stats(v.get("ce") for v in per.get(1.0, [])),
-                                                                            n_row=n)]
-                       + [pm(*stats(v.get("delta_ce") for v in per.get(a, [])), n_row=n) for a in SCALE_MD_ALPHAS]
-                       + [pm(*stats(worst), n_row=n)])
+        ce1 = pm(*stats(v.get("ce") for v in per.get(1.0, [])), n_row=n)
+        dce = [pm(*stats(v.get("delta_ce") for v in per.get(a, [])), n_row=n) for a in SCALE_MD_ALPHAS]
+        md_rows.append([g.size.label, g.cond.label, f"{n}/{len(g.runs)}", ce1, *dce, pm(*stats(worst), n_row=n)])
     md = md_table(["Size", "Condition", "n", "CE at α=1"] + [f"ΔCE α={a:g}" for a in SCALE_MD_ALPHAS]
                   + ["max |ΔCE|"], md_rows)
     md += _notes("\nScale sensitivity (the official scale_sensitivity.py): CE of the final readout of α·H_K, "
