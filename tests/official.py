@@ -23,7 +23,7 @@ import torch
 
 from loopscale.config import EvalConfig, RunConfig, merge
 from loopscale.convert import convert_state, model_settings
-from loopscale.evaluate import EvalRun
+from loopscale.evaluate import EvalRun, tokens_run
 from loopscale.model import LoopedLM
 
 OFFICIAL = Path(__file__).resolve().parent / "fixtures" / "official"
@@ -93,7 +93,5 @@ def official_run(cond_dir: Path, **eval_settings) -> EvalRun:
     budget = N_WINDOWS * cfg.model.seq_len
     settings = {"batch_size": 8, "norm_tokens": budget, "lemma_tokens": budget, "clamp_tokens": budget,
                 "scale_tokens": budget, "device": "cpu", **eval_settings}
-    settings = {k: v for k, v in settings.items() if k in EvalConfig.__dataclass_fields__}
-    return EvalRun(model=model, cfg=cfg, ecfg=EvalConfig(**settings), tokens=validation_ids(),
-                   device=torch.device("cpu"), step=None, status="ok", model_path=Path(cond_dir) / "last.pt",
-                   data_dir=OFFICIAL / "token_ids", progress=False)
+    return tokens_run(model, cfg, validation_ids(), EvalConfig.from_dict(settings), "cpu",
+                      source=str(Path(cond_dir) / "last.pt"))

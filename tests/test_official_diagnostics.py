@@ -20,7 +20,9 @@ import re
 import pytest
 
 from loopscale import diagnostics as G
-from official import CHECKPOINTS, N_WINDOWS, cond_params, official_run
+from loopscale.data import DataError
+from loopscale.evaluate import tokens_run
+from official import CHECKPOINTS, N_WINDOWS, cond_params, load_official, official_run, validation_ids
 
 CE_TOL = 1e-4  # nats, per exit
 
@@ -34,11 +36,22 @@ def test_every_fixture_checkpoint_is_covered():
     assert len(CHECKPOINTS) >= 12  # the fixture set: one checkpoint per official condition
 
 
+def test_tokens_run_refuses_bad_streams():
+    model, cfg = load_official(CHECKPOINTS[0].parent)
+    with pytest.raises(DataError, match="fewer than one window"):
+        tokens_run(model, cfg, validation_ids()[: cfg.model.seq_len])
+    bad = validation_ids().copy()
+    bad[5] = cfg.model.vocab_size
+    with pytest.raises(DataError, match=rf"token ids must lie in \[0, {cfg.model.vocab_size}\)"):
+        tokens_run(model, cfg, bad)
+
+
 # ---------------------------------------------------------------- radial_clamp_intervention.py
 @pytest.mark.parametrize("cond_dir", cond_params())
 def test_clamp_equals_official(cond_dir):
     run = official_run(cond_dir)
-    res, n = G.clamp(run)
+    res = G.evaluate_diagnostic("clamp", run)  # what `loopscale eval clamp` writes
+    n = res["tokens"]
     rows = _csv(cond_dir / "eval" / "radial_clamp" / "radial_clamp_per_loop.csv")
     assert n == int(rows[0]["num_tokens"]) == N_WINDOWS * run.seq_len
     official = {(r["mode"], int(r["loop"])): r for r in rows}

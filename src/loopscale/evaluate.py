@@ -173,6 +173,26 @@ def open_run(model_path, data_dir, overrides: Optional[list[str]] = None, device
                    status=status, model_path=model_path, data_dir=data_dir, progress=progress)
 
 
+def tokens_run(model: LoopedLM, cfg: RunConfig, tokens, eval_config: Optional[EvalConfig] = None,
+               device: str | torch.device = "cpu", source: str = "tokens", progress: bool = False) -> EvalRun:
+    """An EvalRun of a model already in memory on a validation token stream given directly
+    (e.g. the official release's validation ids): what `open_run` builds from files, for the
+    same diagnostics. `source` names where the model and tokens came from (result headers)."""
+    tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+    if len(tokens) < cfg.model.seq_len + 1:
+        raise D.DataError(f"{source}: {len(tokens)} tokens, fewer than one window of seq_len+1 = "
+                          f"{cfg.model.seq_len + 1}")
+    if len(tokens) and (tokens.min() < 0 or tokens.max() >= cfg.model.vocab_size):
+        raise D.DataError(f"{source}: token ids must lie in [0, {cfg.model.vocab_size}) (the model's vocabulary), "
+                          f"got {int(tokens.min())}..{int(tokens.max())}")
+    dev = resolve_device(str(device))
+    model = model.to(dev).float().eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return EvalRun(model=model, cfg=cfg, ecfg=eval_config or EvalConfig(), tokens=tokens, device=dev, step=None,
+                   status="ok", model_path=Path(source), data_dir=Path(source), progress=progress)
+
+
 def header(name: str, run: EvalRun, tokens: int = 0) -> dict:
     """Top-level keys shared by every result file."""
     m, o = run.cfg.model, run.cfg.objective
