@@ -414,9 +414,11 @@ def test_drift_law_recovers_a_power_law_and_a_log_law():
     fits = drift.fit_laws(t, 50 + 10 * np.log(t))
     assert drift.choose(fits).law == "log" and fits["log"].r2 == pytest.approx(1.0)
     assert fits["log"].predict(1e4) == pytest.approx(50 + 10 * math.log(1e4))
-    # the paper's 44M recipe: ~103M tokens, 257-token windows every 128 tokens, batch 64, 4 epochs
-    assert drift.paper_steps() == 4 * ((103_000_000 - 256 + 127) // 128 // 64) == 50292
-    assert drift.paper_steps(batch_size=32) == 100584
+    # the paper's 44M recipe on its token stream: 103,227,021 WikiText-103 words × 2.05 regex tokens per word,
+    # 257-token windows every 128 tokens, batch 64, 4 epochs (≈100k steps, not the ≈50k that words would give)
+    n = round(103_227_021 * 2.05)
+    assert drift.paper_steps() == 4 * ((n - 256 + 127) // 128 // 64) == 103324
+    assert drift.paper_steps(batch_size=32) == 206652
 
 
 def test_drift_table_extrapolates_with_an_interval(tmp_path):
@@ -435,6 +437,11 @@ def test_drift_table_extrapolates_with_an_interval(tmp_path):
     expect = 5.0 * 1.015 * paper_steps() ** 0.5
     assert row.norm_K_at_target == pytest.approx(expect, rel=0.02)
     assert row.ci_low <= row.norm_K_at_target <= row.ci_high and row.ci_high / row.ci_low < 1.2
+    # both laws extrapolated to both paper targets; the band spans both laws' intervals
+    assert row.steps_44m == paper_steps() and row.steps_129m == paper_steps(batch_size=32)
+    assert row.band_44m_low <= min(row.power_44m_low, row.log_44m_low)
+    assert row.band_44m_high >= max(row.power_44m_high, row.log_44m_high) > row.power_at_44m
+    assert row.power_at_129m > row.power_at_44m and row.bootstrap == "runs"
     raw = t.df[t.df.condition_id == condition("raw", "per_loop").slug].iloc[0]
     assert raw.law == "" and math.isnan(raw.norm_K_at_target)
     assert "too few log records" in t.md and "extrapolation" in t.md
@@ -577,3 +584,18 @@ def test_claims_markdown_keeps_registered_rule_and_verdict(grid, tmp_path):
     rows = {r.id: r.as_dict() for r in results}
     assert rows["a"]["robustness"].startswith("ratio_min ") and rows["a"]["amendment"] == ""
     assert rows["g"]["registered_rule"].startswith("on per-loop CE + RMSNorm, max over clamps")
+
+
+def test_drift_bootstrap_resamples_runs_or_blocks_never_records():
+    from loopscale.report import drift
+    a = (np.arange(10.0, 110.0, 10.0), np.full(10, 1.0))
+    b = (np.arange(10.0, 110.0, 10.0), np.full(10, 2.0))
+    for t, y in drift.bootstrap_resamples([a, b], n=50):
+        # whole runs: each resample is two runs' records, each run's records all present
+        assert len(t) == 20 and set(np.unique(y)) <= {1.0, 2.0} and (np.sum(y == 1.0) % 10 == 0)
+    size = 10 // drift.BLOCKS
+    for t, y in drift.bootstrap_resamples([a], n=50):
+        # one run: BLOCKS blocks of consecutive steps
+        assert len(t) == drift.BLOCKS * size
+        blocks = t.reshape(drift.BLOCKS, size)
+        assert (np.diff(blocks, axis=1) == 10.0).all()
