@@ -391,7 +391,13 @@ def build_experiment(params: dict, name: str) -> Experiment:
         elif size_data != data:
             raise ParamsError(f"{swhere}: its data settings differ from those of {data_from}; an experiment "
                               f"prepares one corpus: set them in {where}.data")
-        for cs in conditions:
+        size_conditions = conditions
+        if "conditions" in spec:  # a size may run its own conditions (and seeds)
+            size_conditions = expand_conditions(spec["conditions"], sets, f"{swhere}.conditions")
+            if not size_conditions:
+                raise ParamsError(f"{swhere}.conditions: no conditions")
+        size_seeds = list(spec.get("seeds", seeds))
+        for cs in size_conditions:
             c = cs.condition
             cond_train, cond_eval = _split_eval(cs.override_dict)
             if "data" in cond_train:
@@ -404,7 +410,7 @@ def build_experiment(params: dict, name: str) -> Experiment:
             axes: dict = {}
             for a, (sec, key) in AXIS_KEYS.items():
                 axes.setdefault(sec, {})[key] = getattr(c, a)
-            for seed in seeds:
+            for seed in size_seeds:
                 rc = _build(RunConfig, RunConfig().to_dict(), size_layers + [
                     (cs.where, "", axes), (f"{cs.where}.overrides", "", cond_train),
                     (f"{where}.seeds", "train", {"seed": seed})], f"{swhere} x {c.id} x seed {seed}")

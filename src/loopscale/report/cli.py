@@ -63,11 +63,22 @@ def cmd_write(args) -> int:
     return 0
 
 
+def cmd_drift_law(args) -> int:
+    from .drift_law import DriftLawError, report
+    try:
+        report(args.results, args.out, holdout=args.holdout, condition_id=args.condition)
+    except DriftLawError as e:
+        print(f"loopscale report drift-law: {e}", file=sys.stderr)
+        return 2
+    print(f"loopscale report drift-law: {len(args.results)} experiment(s) -> {args.out}/drift_law.{{md,csv,png}}")
+    return 0
+
+
 def add_cli(subparsers) -> None:
     p = subparsers.add_parser("report", help="aggregate tables, figures and REPORT.md from run directories",
                               description="Aggregate run directories into tables (CSV + Markdown), figures (PNG) "
                                           "and REPORT.md.")
-    sub = p.add_subparsers(dest="report_command", required=True, metavar="{tables,figures,write}")
+    sub = p.add_subparsers(dest="report_command", required=True, metavar="{tables,figures,write,drift-law}")
 
     def runs_arg(q):
         q.add_argument("--runs", nargs="+", required=True, metavar="RUN_DIR",
@@ -91,6 +102,15 @@ def add_cli(subparsers) -> None:
     q.add_argument("--experiment", default="", help="experiment name in params.yaml")
     q.add_argument("--out", required=True, help="report file, e.g. results/<exp>/REPORT.md")
     q.set_defaults(func=cmd_write)
+
+    q = sub.add_parser("drift-law", help="one drift law across experiments (width, depth, lr), held against the paper")
+    q.add_argument("--results", nargs="+", required=True, metavar="RESULTS_DIR",
+                   help="results directories holding train_norms.csv (e.g. results/cpu results/cpu_confirm)")
+    q.add_argument("--holdout", default=None, metavar="EXPERIMENT",
+                   help="predict this experiment's final ‖H_K‖ from the others before fitting on it")
+    q.add_argument("--condition", default="rmsnorm-per_loop-none-residual", help="condition id (default: the drifting model)")
+    q.add_argument("--out", required=True, help="output directory, e.g. results/drift_law")
+    q.set_defaults(func=cmd_drift_law)
 
 
 if __name__ == "__main__":  # pragma: no cover

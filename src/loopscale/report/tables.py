@@ -8,6 +8,7 @@ from typing import Optional
 from .aggregate import (Table, clamp_table, depth_table, group_runs, halting_table, lemma_table, main_table,
                         norms_table, radial_table, runs_table, scale_table)
 from .drift import drift_table
+from .drift_law import train_norms_frame
 from .runs import Run
 from .tidy import per_seed_table
 
@@ -19,4 +20,9 @@ def build_tables(runs: list[Run], root: Optional[Path] = None) -> list[Table]:
     return [main_table(groups), depth_table(groups), norms, radial_table(groups), lemma_table(groups),
             clamp_table(groups), scale_table(groups), halting_table(groups), drift_table(groups),
             runs_table(runs, root)] + \
-        [norm_loops_t, per_seed_table(runs, root)]
+        [norm_loops_t, per_seed_table(runs, root), train_norms_table(runs)]
+
+
+def train_norms_table(runs: list[Run]) -> Table:
+    """The training logs the drift laws are fitted on (CSV only; `loopscale report drift-law` reads it)."""
+    return Table("train_norms", "Training logs of ‖H_K‖", train_norms_frame(runs), "")

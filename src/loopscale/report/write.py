@@ -202,11 +202,14 @@ def report_markdown(runs: list[Run], results_dir: Path, out_path: Path, experime
            "verdict computed by the rule in the last column, on the seed means of the completed runs and on every "
            "seed alone (conditions matched at the same model size and seed): \"reproduced (3/3 seeds)\" holds on "
            "the means and in every seed, \"mixed: 2/3 seeds\" holds in 2 of 3 seeds. The rules and thresholds are "
-           "fixed in `src/loopscale/report/claims.py` and were set before looking at results.\n",
+           "fixed in `src/loopscale/report/claims.py`; (c), (f) and (g) were amended and (e2) added after results "
+           "(the last column keeps each rule as first registered, its verdict and the reason), and the robustness "
+           "column gives the verdict over a range of each rule's threshold.\n",
            C.claims_markdown(results),
            "\nThresholds: " + ", ".join(f"`{k}` = {getattr(C, k):g}" for k in (
                "DRIFT_RATIO_MIN", "SMALL_NORM_MAX_PER_SQRT_D", "RADIAL_INVISIBLE_MAX", "RADIAL_VISIBLE_MIN",
-               "K_INVARIANCE_RATIO_MAX", "PPL_GAIN_MIN", "CLAMP_GAP_FRACTION", "CLAMP_FLOOR_NATS")) + ".\n",
+               "K_INVARIANCE_RATIO_MAX", "PPL_GAIN_MIN", "CLAMP_GAP_FRACTION", "CLAMP_FLOOR_NATS",
+               "ACCUMULATION_MAX", "ACCUMULATION_RATIO_MIN", "DEPTH_GAIN_RATIO_MIN")) + ".\n",
            "\n## Figures\n"]
     for name, (_, caption) in FIGURES.items():
         p = figures_dir / f"{name}.png"
@@ -225,5 +228,6 @@ def claims_table(runs: list[Run]) -> Table:
     results = C.evaluate_groups(group_runs(runs))
     df = pd.DataFrame([r.as_dict() for r in results],
                       columns=["size", "id", "claim", "paper", "ours", "verdict", "outcome", "verdict_seed_means",
-                               "seeds_reproduced", "seeds_evaluated", "per_seed", "rule"])
+                               "seeds_reproduced", "seeds_evaluated", "per_seed", "rule", "robustness",
+                               "amendment", "registered_rule", "registered_verdict"])
     return Table("claims", "Claims and verdicts", df, C.claims_markdown(results))
