@@ -626,3 +626,21 @@ def test_drift_bootstrap_resamples_runs_or_blocks_never_records():
         assert len(t) == drift.BLOCKS * size
         blocks = t.reshape(drift.BLOCKS, size)
         assert (np.diff(blocks, axis=1) == 10.0).all()
+
+
+def test_norm_per_loop_draws_the_headline_condition_on_top_and_labels_it(tmp_path, monkeypatch):
+    from loopscale.report import figures as Fg
+    root = tmp_path / "runs"
+    make_run(root, seed=1, norm_k=(100.0, 190.0, 374.0))
+    make_run(root, readout="layernorm", seed=1, norm_k=(101.0, 191.0, 376.0))  # almost the same curve
+    make_run(root, readout="raw", seed=1, norm_k=(5.0, 5.0, 5.1))
+    got = {}
+    monkeypatch.setattr(Fg, "_save", lambda fig, path: got.setdefault("fig", fig) and path)
+    Fg.fig_norm_per_loop(group_runs(runs_of(root)), tmp_path / "f.png")
+    ax = got["fig"].axes[0]
+    lines = [ln for ln in ax.get_lines() if len(ln.get_xdata()) == 3]
+    top = max(lines, key=lambda ln: ln.get_zorder())
+    assert list(top.get_ydata()) == [100.0, 190.0, 374.0]  # per-loop RMSNorm, not LayerNorm, on top
+    texts = [t.get_text() for t in ax.texts]
+    assert any("per-loop CE + RMSNorm readout: ‖H_K‖ = 374" in t for t in texts)
+    assert ax.get_ylim()[1] >= 374 * 1.8

@@ -21,7 +21,8 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormat
 from ..io import atomic_write
 from .aggregate import (Group, depth_curve, exits, final_exit, group_runs, lemma_loops, norm_histogram, norm_loops,
                         radial_loops, scale_sweep, stats, throughput_curve, training_norms)
-from ..registry import READOUTS, Condition
+from ..registry import READOUTS, Condition, condition
+from .fmt import num
 from .runs import Run, finite
 
 
@@ -213,17 +214,29 @@ def _lift_titles(fig) -> None:
 # figures
 # ---------------------------------------------------------------------------
 def fig_norm_per_loop(groups: list[Group], path: Path) -> Path:
+    headline = condition("rmsnorm", "per_loop")  # the paper's drifting model: drawn on top, its ‖H_K‖ labelled
     fig, axes, sizes = _panels(groups)
     for ax, size in zip(axes, sizes):
-        vals = []
-        for g in (g for g in groups if g.size == size):
+        vals, top = [], None
+        for g in sorted((g for g in groups if g.size == size), key=lambda g: g.cond.base == headline.base):
             ks, m, pts = _k_mean(g, norm_loops, "norm")
             if ks:
-                ax.plot(ks, m, color=colour(g.cond), ls=linestyle(g.cond), marker=marker(g.cond), lw=1.8)
+                is_top = g.cond.base == headline.base
+                ax.plot(ks, m, color=colour(g.cond), ls=linestyle(g.cond), marker=marker(g.cond),
+                        lw=2.6 if is_top else 1.8, zorder=4 if is_top else 2)
                 ax.scatter([p[0] for p in pts], [p[1] for p in pts], color=colour(g.cond), s=10, alpha=0.35)
                 vals += m
+                if is_top and _positive(m[-1]):
+                    top = (ks[-1], m[-1], g.cond)
         if vals:
             _log(ax, "y", vals)
+            if top is not None:
+                k, v, cond = top
+                ax.annotate(f"{cond.label}: ‖H_K‖ = {num(v)}", (k, v), xytext=(-6, 8), textcoords="offset points",
+                            ha="right", fontsize=8, color=colour(cond), fontweight="bold")
+                ax.axhline(v, color=colour(cond), lw=0.6, ls=":", zorder=1)
+                lo, hi = ax.get_ylim()
+                ax.set_ylim(lo, max(hi, v * 1.8))  # room for the label
             ax.set_xticks(range(1, size.n_loops + 1)) if size.n_loops <= 16 else _int_ticks(ax)
         else:
             _empty(ax, "norms")
