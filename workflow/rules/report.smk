@@ -27,6 +27,7 @@ rule aggregate:
         md=expand("results/{{exp}}/{table}.md", table=TABLES),
         norm_loops=reported_table("norm_loops"),
         per_seed="results/{exp}/per_seed.csv",
+        train_norms="results/{exp}/train_norms.csv",  # the drift laws' training logs (loopscale report drift-law)
         metrics="results/{exp}/metrics.json",
     log:
         "logs/{exp}/aggregate.log",
