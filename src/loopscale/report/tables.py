@@ -8,6 +8,8 @@ from typing import Optional
 from .aggregate import (Table, clamp_table, depth_table, group_runs, halting_table, lemma_table, main_table,
                         norms_table, radial_table, runs_table)
 from .drift import drift_table
+from .halting_paper import halting_paper_table
+from .story import story_table
 from .runs import Run
 from .tidy import per_seed_table
 
@@ -17,5 +19,6 @@ def build_tables(runs: list[Run], root: Optional[Path] = None) -> list[Table]:
     groups = group_runs(runs)
     norms, norm_loops_t = norms_table(groups)
     return [main_table(groups), depth_table(groups), norms, radial_table(groups), lemma_table(groups),
-            clamp_table(groups), halting_table(groups), drift_table(groups), runs_table(runs, root)] + \
+            clamp_table(groups), halting_table(groups), halting_paper_table(groups), story_table(groups),
+            drift_table(groups), runs_table(runs, root)] + \
         [norm_loops_t, per_seed_table(runs, root)]
