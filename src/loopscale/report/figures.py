@@ -589,6 +589,10 @@ def fig_story(groups: list[Group], path: Path) -> Path:
             ax.scatter([p["ce_gap"]], [p["log10_norm_K"]], color=colour(g.cond), marker=marker(g.cond), s=55,
                        edgecolors="k", linewidths=0.5, zorder=3)
         ax.set_xscale("symlog", linthresh=1.0)
+        hi = max([p["ce_gap"] for _, p in pts] + [GAP_USABLE])
+        ticks = [t for t in (-1, 0, 1, 2, 5, 10, 20, 50, 100) if t <= 2 * hi and (t >= 0 or any(
+            p["ce_gap"] < 0 for _, p in pts))]
+        ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
         ax.axvline(GAP_USABLE, color="0.4", ls="--", lw=0.9)
         ax.axhline(LOG10_NORM_CONTROLLED, color="0.4", ls="--", lw=0.9)
         ax.text(0.02, 0.02, "usable exits + controlled scale", transform=ax.transAxes, fontsize=8, color="#166534")
