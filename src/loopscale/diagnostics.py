@@ -449,7 +449,7 @@ def cmd_eval_all(args) -> int:
 def add_cli(subparsers) -> None:
     """`loopscale eval <diagnostic> ...` and `loopscale eval all ...` (called by cli.build_parser)."""
     p = subparsers.add_parser("eval", help="evaluate a trained run (depth, throughput, norms, radial, lemma, "
-                                           "clamp, halting, all)")
+                                           "clamp, halting, all; story: across runs)")
     sub = p.add_subparsers(dest="diagnostic", required=True, metavar="DIAGNOSTIC")
     for name in DIAGNOSTICS:
         q = sub.add_parser(name, help=_REGISTRY[name].description)
