@@ -159,3 +159,32 @@ def test_calibration_is_in_sample_fewest_loops_lowest_threshold():
     assert math.isclose(rows[0]["ce"], 3.0) and rows[0]["exit_counts"] == [4, 0]
     sweep = [r for r in rows if r["policy"] == "max_prob"]
     assert [r["avg_loops"] for r in sweep] == sorted(r["avg_loops"] for r in sweep)
+
+
+@pytest.mark.parametrize("n_loops", [1, 2])
+def test_paper_protocol_on_a_shallow_model(n_loops):
+    """K = 1 (no early exit possible) and K = 2 run through; every unit exits at some k <= K."""
+    torch.manual_seed(0)
+    cfg = RunConfig.from_dict(merge(RunConfig().to_dict(), {"model": {
+        "vocab_size": 64, "d_model": 16, "n_layers": 1, "n_heads": 2, "d_ff": 32, "seq_len": 8, "n_loops": n_loops},
+        "data": {"vocab_size": 64}}))
+    model = LoopedLM(cfg.model).eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    tokens = np.random.default_rng(0).integers(0, 64, size=200).astype(np.int64)
+    run = EvalRun(model=model, cfg=cfg, ecfg=EvalConfig(batch_size=4, halting_tokens=128), tokens=tokens,
+                  device=torch.device("cpu"), step=None, status="ok", model_path=Path("model.pt"),
+                  data_dir=Path("data"), progress=False)
+    paper = halting(run)[0]["paper"]
+    assert paper["windows"] == 16
+    for g, rows in paper["curve"].items():
+        n_units = 16 if g == "sequence" else 128
+        assert [r["policy"] for r in rows[:n_loops]] == [f"fixed_K{k}" for k in range(1, n_loops + 1)]
+        assert all(sum(r["exit_counts"]) == n_units and 1 <= r["avg_loops"] <= n_loops for r in rows)
+    for c in paper["calibrated"].values():
+        assert c["calib_dynamic_ppl"] <= 1.01 * c["calib_fixed_ppl"] * (1 + 1e-9)
+        assert math.isclose(c["bench_fixed_ppl"], c["calib_fixed_ppl"], rel_tol=1e-5)
+        assert math.isclose(c["bench_dynamic_ppl"], c["calib_dynamic_ppl"], rel_tol=1e-5)
+        assert math.isclose(c["bench_dynamic_avg_loops"], c["calib_dynamic_avg_loops"], rel_tol=1e-9)
+        if n_loops == 1:
+            assert c["calib_dynamic_avg_loops"] == 1.0

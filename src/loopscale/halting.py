@@ -190,6 +190,8 @@ def paper_thresholds(score: np.ndarray, n: int) -> np.ndarray:
 def paper_exit_index(score: np.ndarray, tau: float) -> np.ndarray:
     """0-based exit of every unit: the first k < K whose confidence is >= τ, else K."""
     K = score.shape[-1]
+    if K == 1:  # no early exit exists
+        return np.zeros(score.shape[0], dtype=np.int64)
     eligible = score[:, :K - 1] >= tau
     return np.where(eligible.any(axis=1), eligible.argmax(axis=1), K - 1)
 
