@@ -536,13 +536,15 @@ def cmd_eval_all(args) -> int:
 def add_cli(subparsers) -> None:
     """`loopscale eval <diagnostic> ...` and `loopscale eval all ...` (called by cli.build_parser)."""
     p = subparsers.add_parser("eval", help="evaluate a trained run (depth, throughput, norms, radial, lemma, "
-                                           "clamp, halting, scale, all)")
+                                           "clamp, halting, scale, all; story: across runs)")
     sub = p.add_subparsers(dest="diagnostic", required=True, metavar="DIAGNOSTIC")
     for name in DIAGNOSTICS:
         q = sub.add_parser(name, help=_REGISTRY[name].description)
         _common(q)
         q.add_argument("--out", required=True, help="result JSON file to write")
         q.set_defaults(func=cmd_eval)
+    from .report.cli import add_story_cli  # cross-run: reads the runs' eval JSONs (report/story.py)
+    add_story_cli(sub)
     q = sub.add_parser("all", help="every diagnostic (or those of --only), one JSON per diagnostic in --outdir")
     _common(q)
     q.add_argument("--outdir", required=True, help="directory for <diagnostic>.json files")

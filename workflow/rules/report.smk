@@ -5,9 +5,10 @@
 # not as allocations). Files marked with report() go into `snakemake --report report.html`
 # (captions: workflow/report/*.rst; categories Claims, Figures, Tables, in that order).
 
-TABLES = ["main", "depth", "norms", "radial", "lemma", "clamp", "scale", "halting", "drift", "runs", "claims"]
-FIGURES = ["norm_per_loop", "norm_training", "ppl_depth", "frontier", "radial_vs_norm", "norm_histogram", "lemma",
-           "scale", "exit_training", "drift"]
+TABLES = ["main", "depth", "norms", "radial", "lemma", "clamp", "scale", "halting", "halting_paper", "story", "drift",
+          "runs", "claims"]
+FIGURES = ["norm_per_loop", "norm_training", "ppl_depth", "frontier", "frontier_exits", "radial_vs_norm",
+           "norm_histogram", "lemma", "scale", "exit_training", "drift", "story_quadrant"]
 
 
 localrules:

@@ -74,6 +74,42 @@ def cmd_drift_law(args) -> int:
     return 0
 
 
+def write_story(run_dirs: list[str], out: Path) -> list[Path]:
+    """story.{csv,md}, story_summary.json and story_quadrant.{png,pdf} of the runs under `run_dirs`."""
+    import json
+    from ..io import atomic_write_text
+    from .aggregate import group_runs, write_tables
+    from .figures import fig_story
+    from .runs import load_runs
+    from .story import json_safe, story_points, story_summary, story_table
+    groups = group_runs(load_runs(find_run_dirs(run_dirs)))
+    out = Path(out)
+    written = write_tables([story_table(groups)], out)
+    summary = json_safe(story_summary(story_points(groups)))
+    written.append(atomic_write_text(out / "story_summary.json",
+                                     json.dumps(summary, indent=2, sort_keys=True, allow_nan=False) + "\n"))
+    written.append(fig_story(groups, out / "story_quadrant.png"))
+    return written
+
+
+def cmd_story(args) -> int:
+    written = write_story(args.runs, Path(args.out))
+    print(f"loopscale eval story: {len(find_run_dirs(args.runs))} runs -> {len(written)} files in {args.out}")
+    return 0
+
+
+def add_story_cli(sub) -> None:
+    """`loopscale eval story` (under `loopscale eval`: a cross-run diagnostic computed from the
+    runs' eval JSONs, report/story.py)."""
+    q = sub.add_parser("story", help="loss placement x scale visibility over a grid's runs (2x2 table, quadrant "
+                                     "figure, radial-vs-norm correlations)")
+    q.add_argument("--runs", nargs="+", required=True, metavar="RUN_DIR",
+                   help="run directories (or directories searched recursively for runs)")
+    q.add_argument("--out", required=True, help="output directory (story.csv, story.md, story_summary.json, "
+                                                "story_quadrant.png + .pdf)")
+    q.set_defaults(func=cmd_story)
+
+
 def add_cli(subparsers) -> None:
     p = subparsers.add_parser("report", help="aggregate tables, figures and REPORT.md from run directories",
                               description="Aggregate run directories into tables (CSV + Markdown), figures (PNG) "

@@ -9,6 +9,8 @@ from .aggregate import (Table, clamp_table, depth_table, group_runs, halting_tab
                         norms_table, radial_table, runs_table, scale_table)
 from .drift import drift_table
 from .drift_law import train_norms_frame
+from .halting_paper import halting_paper_table
+from .story import story_table
 from .runs import Run
 from .tidy import per_seed_table
 
@@ -18,8 +20,8 @@ def build_tables(runs: list[Run], root: Optional[Path] = None) -> list[Table]:
     groups = group_runs(runs)
     norms, norm_loops_t = norms_table(groups)
     return [main_table(groups), depth_table(groups), norms, radial_table(groups), lemma_table(groups),
-            clamp_table(groups), scale_table(groups), halting_table(groups), drift_table(groups),
-            runs_table(runs, root)] + \
+            clamp_table(groups), scale_table(groups), halting_table(groups), halting_paper_table(groups),
+            story_table(groups), drift_table(groups), runs_table(runs, root)] + \
         [norm_loops_t, per_seed_table(runs, root), train_norms_table(runs)]
 
 
