@@ -357,27 +357,11 @@ def official_tokenizer(obj: Any) -> Tokenizer:
 
 
 def _paper_tokenizer(itos: list, pattern: str) -> Tokenizer:
-    try:
-        from .data import paper_tokenizer
-    except ImportError:  # until loopscale.data has it: a word-level model on the same pieces
-        paper_tokenizer = _word_level_stub
+    from .data import DataError, paper_tokenizer
     try:
         return paper_tokenizer(itos, pattern)
-    except ConversionError:
-        raise
-    except Exception as e:
-        raise ConversionError(f"the checkpoint's tokenizer cannot be rebuilt ({type(e).__name__}: "
-                              f"{(str(e).splitlines() or [''])[0][:120]})") from None
-
-
-def _word_level_stub(itos: list, pattern: str) -> Tokenizer:
-    from tokenizers import Regex, decoders, models, pre_tokenizers
-    vocab = {w: i for i, w in enumerate(itos)}
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>" if "<unk>" in vocab else None))
-    tok.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
-    tok.decoder = decoders.Fuse()
-    tok.add_special_tokens([w for w in ("<pad>", "<bos>", "<eos>", "<unk>") if w in vocab])
-    return tok
+    except DataError as e:
+        raise ConversionError(f"the checkpoint's tokenizer cannot be rebuilt: {e}") from None
 
 
 def _tokenizer_from_json(text: str, what: str) -> Tokenizer:
