@@ -118,12 +118,12 @@ def test_alpha_readout_spans_constant_scale_to_raw():
     const = AlphaReadout(16, fixed_alpha=0.0, s_ref="fixed", init_log_s_ref=math.log(3.0)).eval()
     torch.testing.assert_close(const(h).pow(2).mean(-1).sqrt(), torch.full((3, 4), 3.0))  # α = 0: RMS s_ref
     mid = AlphaReadout(16, init_alpha=0.3, s_ref="fixed").eval()
-    assert float(mid.alpha()) == pytest.approx(0.3, abs=1e-6)
+    assert float(mid.alpha().detach()) == pytest.approx(0.3, abs=1e-6)
     torch.testing.assert_close(mid(5 * h), 5 ** 0.3 * mid(h), rtol=1e-5, atol=1e-5)  # r(cH) = c^α r(H)
     ranged = AlphaReadout(16, init_alpha=0.5, alpha_min=0.2, alpha_max=0.6)
     with torch.no_grad():
         ranged.alpha_logit.fill_(50.0)
-    assert float(ranged.alpha()) == pytest.approx(0.6)
+    assert float(ranged.alpha().detach()) == pytest.approx(0.6)
     ema = AlphaReadout(16, ema_decay=0.9).train()
     ema(h)
     assert float(ema.log_s_ref) == pytest.approx(float(h.pow(2).mean(-1).sqrt().log().mean()), rel=1e-6)

@@ -250,13 +250,15 @@ def _gpt2_init(m: nn.Module) -> None:
 def flops_per_token(cfg: ModelConfig, n_loops: int | None = None, n_readouts: int | None = None,
                     seq_len: int | None = None) -> int:
     """Forward matmul FLOPs per token (2 per multiply-add): the stack counted once per loop,
-    the vocabulary head once per readout, attention scores at the given context length."""
+    the vocabulary head once per readout, attention scores at the given context length (and
+    the exit gate's d-wide dot product once per loop, where the model has one)."""
     K = cfg.n_loops if n_loops is None else n_loops
     R = K if n_readouts is None else n_readouts
     T = cfg.seq_len if seq_len is None else seq_len
     d, f = cfg.d_model, cfg.d_ff
     per_layer = 2 * (3 * d * d + d * d + 3 * d * f) + 2 * 2 * T * d / 2  # projections + causal QK^T, AV
-    return int(K * cfg.n_layers * per_layer + R * 2 * d * cfg.vocab_size)
+    gate = 2 * d if cfg.exit_gate else 0
+    return int(K * (cfg.n_layers * per_layer + gate) + R * 2 * d * cfg.vocab_size)
 
 
 def count_params(cfg: ModelConfig) -> int:

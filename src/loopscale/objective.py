@@ -73,14 +73,20 @@ def _regularized(total: torch.Tensor, ces: list[torch.Tensor], states: list[torc
 
 
 def _adaptive_loss(model, states: list[torch.Tensor], targets: torch.Tensor, obj: ObjectiveConfig) -> LossOutput:
-    """Σ_k mean(p_k·CE_k) − w·mean(H(p)): per-token CEs weighted by the exit distribution."""
+    """Σ_k mean(p_k·CE_k) − w·mean(H(p)): per-token CEs weighted by the exit distribution.
+
+    The gate's gradient rests on the differences between the exits' per-token CEs, which
+    bf16 logits would drown, so the gate and the logits run in fp32 (outside autocast)."""
     K = len(states)
-    pdf = model.exit_pdf(states).float()  # [K, B, T]
-    ces, total = [], 0.0
-    for k, h in enumerate(states):
-        logits = model.logits(h, k == K - 1, k + 1).float()
-        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
-        total = total + (pdf[k].reshape(-1) * ce).mean()
-        ces.append(ce.mean())
-    entropy = -(pdf * pdf.clamp_min(1e-8).log()).sum(dim=0).mean()
+    with torch.autocast(states[0].device.type, enabled=False):
+        dt = torch.promote_types(states[0].dtype, torch.float32)  # bf16 -> fp32; fp32, fp64 stay
+        hs = [h.to(dt) for h in states]
+        pdf = model.exit_pdf(hs)  # [K, B, T]
+        ces, total = [], 0.0
+        for k, h in enumerate(hs):
+            logits = model.logits(h, k == K - 1, k + 1)
+            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+            total = total + (pdf[k].reshape(-1) * ce).mean()
+            ces.append(ce.mean())
+        entropy = -(pdf * pdf.clamp_min(1e-8).log()).sum(dim=0).mean()
     return _regularized(total - obj.entropy_weight * entropy, ces, states, obj)
