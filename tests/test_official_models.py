@@ -195,6 +195,7 @@ OPTIONS = {
     "spectral_damping": ({"recurrence": "spectral_damping"}, {}, "per-loop CE + RMSNorm readout + spectral damping"),
     "adaptive": ({}, {"loss": "adaptive"}, "adaptive CE + RMSNorm readout"),
     "scale_anchor": ({}, {"regularizer": "scale_anchor"}, "per-loop CE + RMSNorm readout + scale anchor"),
+    "alpha_per_loop": ({"readout": "alpha_readout", "alpha_per_loop": True}, {}, "per-loop CE + alpha readout"),
 }
 
 
@@ -206,8 +207,9 @@ def test_each_official_option_trains_evaluates_and_reports(option, smoke_data, t
     s = train(cfg, smoke_data, out, progress=False)
     assert s["status"] == "completed" and len(s["validation"]["val_ce"]) == cfg.model.n_loops
     assert all(math.isfinite(c) for c in s["validation"]["val_ce"])
+    names = ("depth", "norms", "radial") + (("clamp", "halting") if option == "alpha_per_loop" else ())
     res = run_all(out / "model.pt", smoke_data, out / "eval", device="cpu", progress=False,
-                  names=("depth", "norms", "radial"), eval_config=C.eval_preset("smoke"))
+                  names=names, eval_config=C.eval_preset("smoke"))
     assert len(res["depth"]["exits"]) == cfg.model.n_loops
     radial = json.loads((out / "eval" / "radial.json").read_text())["loops"]
     assert len(radial) == cfg.model.n_loops
