@@ -335,3 +335,15 @@ def test_diagnostics_run_on_a_converted_run(tmp_path, capsys):
                  "--set", "eval.max_tokens=1024"]) == 0, capsys.readouterr().err
     depth = json.loads((tmp_path / "depth.json").read_text())
     assert len(depth["exits"]) == torch.load(CHECKPOINTS[0], weights_only=True)["config"]["model"]["num_loops"]
+
+
+def test_load_official_and_the_dict_form_give_the_converted_model(tmp_path):
+    from loopscale.convert import load_official, model_settings, convert_state
+    ckpt = CHECKPOINTS[-1]
+    model, cfg, raw, dropped = load_official(ckpt)
+    assert not model.training and raw["config"] == torch.load(ckpt, weights_only=True)["config"]
+    settings, source = model_settings(raw["config"], raw["model_state"], {"dropout": 0.0})
+    assert settings["readout"] == cfg.model.readout and source["dropout"] == "override"
+    state, dropped2 = convert_state(raw["model_state"], settings)
+    assert dropped2 == dropped and state.keys() == model.state_dict().keys()
+    assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())

@@ -260,9 +260,27 @@ def _check_tensor(name: str, t: Any, want: torch.Tensor) -> torch.Tensor:
     return t
 
 
-def convert_state(state: dict, cfg: RunConfig) -> tuple[dict, list[str]]:
+def model_settings(config: Any, state: dict, overrides: Optional[dict] = None) -> tuple[dict, dict]:
+    """The loopscale model settings of an official checkpoint (`official_settings`) with
+    `overrides` on top; (settings, where each came from)."""
+    settings, _ = official_settings(config, _strip(state))
+    source = {k: "official config" for k in settings}
+    for k, v in (overrides or {}).items():
+        settings[k], source[k] = v, "override"
+    return settings, source
+
+
+def _strip(state: dict) -> dict:
+    return {_PREFIX.sub("", k) if isinstance(k, str) else k: v for k, v in state.items()}
+
+
+def convert_state(state: dict, cfg: RunConfig | dict) -> tuple[dict, list[str]]:
     """The official model_state as a LoopedLM state dict (shapes and dtypes checked); also the
-    names that were dropped (modules of the official model that this condition does not use)."""
+    names that were dropped (modules of the official model that this condition does not use).
+    `cfg`: the target run config, or a dict of its model settings (`model_settings`)."""
+    if isinstance(cfg, dict):
+        cfg = RunConfig.from_dict(merge(RunConfig().to_dict(), {"model": cfg, "data": {"vocab_size": cfg["vocab_size"]}}))
+    state = _strip(state)
     target = LoopedLM(cfg.model).state_dict()
     names = _official_names(cfg, target.keys())
     out, used = {}, set()
@@ -479,16 +497,15 @@ def _prepare_out(out: Path, force: bool) -> None:
             p.unlink()
 
 
-def convert_paper(checkpoint: str | Path, out_dir: str | Path, tokenizer_file: Optional[str | Path] = None,
-                  overrides: Optional[list[str]] = None, trust_pickle: bool = False, force: bool = False) -> dict:
-    """Convert an official `last.pt` into a loopscale run directory; returns the conversion record.
-    Everything is read and checked before the run directory is touched."""
-    src, out = Path(checkpoint), Path(out_dir)
-    ckpt = _load_paper_checkpoint(src, trust_pickle)
+def load_official(checkpoint: str | Path, overrides: Optional[list[str]] = None,
+                  trust_pickle: bool = False) -> tuple[LoopedLM, RunConfig, dict, list[str]]:
+    """An official `last.pt` as a loopscale model in memory (fp32, eval mode): (model, run
+    config, the checkpoint dict, the official tensors dropped). `overrides`: `model.KEY=VALUE`."""
+    ckpt = _load_paper_checkpoint(Path(checkpoint), trust_pickle)
     state = ckpt["model_state"]
     model_set, objective_set = official_settings(ckpt["config"], state, ckpt.get("total_train_steps"))
     upd = parse_overrides(overrides or [])
-    if any(k != "model" for k in upd):
+    if any(k != "model" for k in upd) or not isinstance(upd.get("model", {}), dict):
         raise ConfigError("convert-paper takes only --set model.KEY=VALUE")
     model_set.update(upd.get("model", {}))
     try:
@@ -499,6 +516,16 @@ def convert_paper(checkpoint: str | Path, out_dir: str | Path, tokenizer_file: O
     converted, dropped = convert_state(state, cfg)
     model = LoopedLM(cfg.model)
     model.load_state_dict(converted)
+    return model.eval(), cfg, ckpt, dropped
+
+
+def convert_paper(checkpoint: str | Path, out_dir: str | Path, tokenizer_file: Optional[str | Path] = None,
+                  overrides: Optional[list[str]] = None, trust_pickle: bool = False, force: bool = False) -> dict:
+    """Convert an official `last.pt` into a loopscale run directory; returns the conversion record.
+    Everything is read and checked before the run directory is touched."""
+    src, out = Path(checkpoint), Path(out_dir)
+    model, cfg, ckpt, dropped = load_official(src, overrides, trust_pickle)
+    model_set, objective_set = cfg.model.__dict__, cfg.objective.__dict__
 
     if tokenizer_file is not None:
         tok = read_tokenizer_file(tokenizer_file)
@@ -512,7 +539,7 @@ def convert_paper(checkpoint: str | Path, out_dir: str | Path, tokenizer_file: O
     step = ckpt.get("global_step", ckpt.get("step"))
     record = {"checkpoint": str(src.resolve()), "sha256": _sha256_file(src),
               "official_config": json.loads(json.dumps(ckpt["config"], default=str)),
-              "settings": {"model": model_set, "objective": objective_set}, "dropped": dropped}
+              "settings": {"model": dict(model_set), "objective": dict(objective_set)}, "dropped": dropped}
     try:
         out.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
