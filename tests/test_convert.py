@@ -347,3 +347,21 @@ def test_load_official_and_the_dict_form_give_the_converted_model(tmp_path):
     state, dropped2 = convert_state(raw["model_state"], settings)
     assert dropped2 == dropped and state.keys() == model.state_dict().keys()
     assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
+
+
+@pytest.mark.parametrize("ckpt", CHECKPOINTS, ids=lambda p: p.parent.name)
+def test_the_exit_gate_kept_on_request_matches_the_official_gate(ckpt):
+    """Every official model has an exit gate (trained only by the adaptive loss); with
+    --set model.exit_gate=true it is kept, and its logits and exit distribution equal the
+    official forward's; the norm-penalty term too."""
+    from loopscale.convert import load_official
+    model, cfg, _, dropped = load_official(ckpt, ["model.exit_gate=true"])
+    assert not any(n.startswith("exit_gate") for n in dropped)
+    ref = torch.load(ckpt.parent / "exits.pt", weights_only=True)
+    with torch.no_grad():
+        states = model(ref["input_ids"])
+        gates = torch.stack([model.gate_logits(h) for h in states])
+        torch.testing.assert_close(gates, ref["gate_logits"], rtol=0, atol=_bound(ref["gate_logits"]))
+        torch.testing.assert_close(model.exit_pdf(states), ref["exit_pdf"], rtol=0, atol=1e-6)
+        sq = torch.stack([h.pow(2).mean() for h in states])
+        torch.testing.assert_close(sq, ref["all_hidden_norms_sq"], rtol=1e-5, atol=1e-6)
