@@ -149,6 +149,8 @@ UNREPRESENTABLE = {
     "two_regularizers": (lambda ck: ck["config"]["supervision"].update(norm_penalty_weight=0.01,
                                                                       scale_anchor_weight=0.1),
                          "supervision.scale_anchor_weight"),
+    "unknown_model_key": (_set("model", "use_rope", True), "model.use_rope is not a key of the official code"),
+    "unknown_alpha_key": (_set("alpha_readout", "gain", True), "alpha_readout.gain is not a key"),
     "string_flag": (_set("model", "use_decode_norm", "yes"), "model.use_decode_norm must be true or false"),
 }
 
@@ -180,6 +182,8 @@ MALFORMED = {
     "int64_weights": (_state(lambda s: s.__setitem__("layers.0.ffn.w2.weight",
                                                      s["layers.0.ffn.w2.weight"].long())),
                       "layers.0.ffn.w2.weight has dtype torch.int64"),
+    "sparse_weight": (_state(lambda s: s.__setitem__("layers.0.ffn.w2.weight", s["layers.0.ffn.w2.weight"].to_sparse())),
+                      "layers.0.ffn.w2.weight is not a plain dense tensor"),
     "nan_weight": (_state(lambda s: s["layers.0.ffn.w1.weight"].__setitem__((0, 0), float("nan"))),
                    "layers.0.ffn.w1.weight holds NaN"),
     "unexpected_tensor": (_state(lambda s: s.__setitem__("layers.0.attn.rope", torch.ones(3))),

@@ -87,6 +87,16 @@ ALPHA_KEYS = {"init_alpha": ("alpha_init", 0.5), "fixed_alpha": ("alpha_fixed", 
               "init_log_s_ref": ("alpha_log_s_ref", 0.0), "per_loop_alpha": ("alpha_per_loop", False)}
 
 
+# every key the official code reads in these sections (src/models/ar_looplm.py, src/train_ar_looplm.py):
+# another one is an option of some other code, which the conversion cannot know, so it is refused
+KNOWN_KEYS = {
+    "model": ("d_model", "num_heads", "num_layers", "ff_multiplier", "dropout", "num_loops", *MODEL_DEFAULTS),
+    "supervision": ("mode", "entropy_weight", "norm_penalty_weight", "scale_anchor_weight", "scale_anchor_target"),
+    "alpha_readout": tuple(ALPHA_KEYS),
+    "taper_norm": ("ema_decay", "gate_warmup_steps", "gate_warmup_frac", "gate_decay_steps", "gate_decay_frac"),
+}
+
+
 class ConversionError(CheckpointError):
     """The checkpoint cannot be converted; the message names what is missing or wrong."""
 
@@ -145,6 +155,11 @@ def official_settings(config: Any, state: dict, total_train_steps: Any = None) -
         raise ConversionError(f"the checkpoint's config is a {type(config).__name__}, not a mapping")
     m, data, sup = _section(config, "model"), _section(config, "data"), _section(config, "supervision")
     alpha_cfg, taper_cfg = _section(config, "alpha_readout"), _section(config, "taper_norm")
+    for name, known in KNOWN_KEYS.items():
+        unknown = [k for k in _section(config, name) if k not in known]
+        if unknown:
+            raise ConversionError(f"paper config: {name}.{unknown[0]} is not a key of the official code "
+                                  f"(commit 959dd3c), so its meaning is unknown; refused")
     flags = {k: _flag(m, "model", k, v) for k, v in MODEL_DEFAULTS.items() if isinstance(v, bool)}
     for key in ("block_norm_type", "loop_norm_type"):
         v = m.get(key, "rmsnorm")
@@ -253,6 +268,8 @@ def _official_names(cfg: RunConfig, model_keys) -> dict:
 def _check_tensor(name: str, t: Any, want: torch.Tensor) -> torch.Tensor:
     if not isinstance(t, torch.Tensor):
         raise ConversionError(f"model_state's {name} is a {type(t).__name__}, not a tensor")
+    if t.layout != torch.strided or t.is_meta or t.is_quantized:
+        raise ConversionError(f"model_state's {name} is not a plain dense tensor ({t.layout})")
     if t.is_floating_point() != want.is_floating_point() or (not want.is_floating_point() and t.dtype != want.dtype):
         raise ConversionError(f"model_state's {name} has dtype {t.dtype}, expected {want.dtype} (never cast)")
     if t.is_floating_point() and not bool(torch.isfinite(t).all()):
@@ -537,8 +554,11 @@ def convert_paper(checkpoint: str | Path, out_dir: str | Path, tokenizer_file: O
     tok_json = tok.to_str(pretty=True).encode("utf-8")
 
     step = ckpt.get("global_step", ckpt.get("step"))
-    record = {"checkpoint": str(src.resolve()), "sha256": _sha256_file(src),
-              "official_config": json.loads(json.dumps(ckpt["config"], default=str)),
+    try:
+        official_config = json.loads(json.dumps(ckpt["config"], default=str))
+    except (RecursionError, ValueError) as e:
+        raise ConversionError(f"the checkpoint's config cannot be recorded ({type(e).__name__})") from None
+    record = {"checkpoint": str(src.resolve()), "sha256": _sha256_file(src), "official_config": official_config,
               "settings": {"model": dict(model_set), "objective": dict(objective_set)}, "dropped": dropped}
     try:
         out.mkdir(parents=True, exist_ok=True)
