@@ -149,7 +149,7 @@ def test_per_loop_alpha_readouts_are_one_per_exit():
         torch.testing.assert_close(outs[k - 1], model.readout_norm[k - 1](h))
     assert not torch.allclose(outs[0], outs[1])
     torch.testing.assert_close(model.readout(h, True, 7), outs[2])  # past K: exit K's
-    with pytest.raises(ValueError, match="give the exit's loop"):
+    with pytest.raises(ValueError, match="give the exit's k"):
         model.readout(h, final=False)
 
 

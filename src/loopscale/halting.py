@@ -39,9 +39,9 @@ _CHUNK = 4096  # tokens per logits chunk
 
 
 def exit_token_stats(model, h: torch.Tensor, y: torch.Tensor, final: bool,
-                     loop: Optional[int] = None) -> tuple[torch.Tensor, dict]:
+                     k: Optional[int] = None) -> tuple[torch.Tensor, dict]:
     """Per-token CE and confidences (float32, flattened) of one exit read from state h."""
-    hr = model.readout(h, final, loop).reshape(-1, h.shape[-1])
+    hr = model.readout(h, final, k=k).reshape(-1, h.shape[-1])
     yf = y.reshape(-1)
     ces, confs = [], {p: [] for p in POLICIES}
     for s in range(0, hr.shape[0], _CHUNK):
@@ -71,7 +71,7 @@ def collect(run: EvalRun, starts: np.ndarray) -> tuple[np.ndarray, dict]:
         states = model(x)
         ce_k, conf_k = [], {p: [] for p in POLICIES}
         for k, h in enumerate(states):
-            ce, conf = exit_token_stats(model, h, y, final=k == K - 1, loop=k + 1)
+            ce, conf = exit_token_stats(model, h, y, final=k == K - 1, k=k + 1)
             ce_k.append(ce.view(-1, T))
             for p in POLICIES:
                 conf_k[p].append(conf[p].view(-1, T))
@@ -160,7 +160,7 @@ def dynamic_batch(model, x: torch.Tensor, y: torch.Tensor, policy: Optional[str]
                 ce_sum += F.cross_entropy(z, yf[s:s + _CHUNK], reduction="sum").double()
             loops += K * y.numel()
             break
-        ce, conf = exit_token_stats(model, h, y, final=False, loop=k)
+        ce, conf = exit_token_stats(model, h, y, final=False, k=k)
         c = conf[policy].view(-1, T).double().mean(1)
         halt = c >= tau
         ce_sum += (ce.view(-1, T).double().sum(1) * halt).sum()

@@ -163,8 +163,9 @@ class LoopedLM(nn.Module):
                 x = block(x)
         return x
 
-    def feed(self, h: torch.Tensor) -> torch.Tensor:
-        """The recurrence: what loop k+1 receives from H_k."""
+    def feed(self, h: torch.Tensor, k: int | None = None) -> torch.Tensor:
+        """The recurrence: what loop k+1 receives from H_k (`k`: unused here; per-step readouts
+        of other architectures need it)."""
         if self.loop_norm is not None:  # inter-loop norm: the scale leaves the loop
             return self.loop_norm(h)
         if self.damping_logit is not None:  # spectral damping: a learned contraction
@@ -188,25 +189,25 @@ class LoopedLM(nn.Module):
         return states
 
     # -- the readout -----------------------------------------------------------
-    def readout(self, h: torch.Tensor, final: bool = True, loop: int | None = None) -> torch.Tensor:
+    def readout(self, h: torch.Tensor, final: bool = True, k: int | None = None) -> torch.Tensor:
         """r(H): the normalised (or raw) state that the tied head reads.
 
         `final` marks the last exit of the pass (the final-only norm reads the others raw);
-        `loop` (1-based) picks the readout of that exit where each exit has its own
-        (alpha_per_loop; exits past K use exit K's). Such a model needs `loop` at exits k < K."""
+        `k` (the exit's loop, 1-based) picks that exit's readout where each exit has its own
+        (alpha_per_loop; exits past K use exit K's). Such a model needs `k` at exits k < K."""
         norm = self.readout_spec.final_norm if final else self.readout_spec.exit_norm
         if norm is None:
             return h
         if not self.per_loop_readout:
             return self.readout_norm(h)
-        if loop is None:
+        if k is None:
             if not final:
-                raise ValueError("this model has one readout per exit (alpha_per_loop): give the exit's loop")
-            loop = self.cfg.n_loops
-        return self.readout_norm[min(loop, self.cfg.n_loops) - 1](h)
+                raise ValueError("this model has one readout per exit (alpha_per_loop): give the exit's k")
+            k = self.cfg.n_loops
+        return self.readout_norm[min(k, self.cfg.n_loops) - 1](h)
 
-    def logits(self, h: torch.Tensor, final: bool = True, loop: int | None = None) -> torch.Tensor:
-        return F.linear(self.readout(h, final, loop), self.tok_emb.weight)  # tied LM head
+    def logits(self, h: torch.Tensor, final: bool = True, k: int | None = None) -> torch.Tensor:
+        return F.linear(self.readout(h, final, k), self.tok_emb.weight)  # tied LM head
 
     # -- the exit gate (adaptive loss) ---------------------------------------
     def gate_logits(self, h: torch.Tensor) -> torch.Tensor:

@@ -52,7 +52,7 @@ def compute_loss(model, states: list[torch.Tensor], targets: torch.Tensor, obj: 
             ces.append(torch.full((), float("nan"), device=h.device))
             continue
         with torch.set_grad_enabled(counts and torch.is_grad_enabled()):
-            ce = linear_cross_entropy(model.readout(h, final, k + 1), model.head_weight, targets,
+            ce = linear_cross_entropy(model.readout(h, final, k=k + 1), model.head_weight, targets,
                                       obj.ce_impl, obj.ce_chunk_tokens)
         ces.append(ce)
         if counts:
@@ -84,7 +84,7 @@ def _adaptive_loss(model, states: list[torch.Tensor], targets: torch.Tensor, obj
         pdf = model.exit_pdf(hs)  # [K, B, T]
         ces, total = [], 0.0
         for k, h in enumerate(hs):
-            logits = model.logits(h, k == K - 1, k + 1)
+            logits = model.logits(h, k == K - 1, k=k + 1)
             ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
             total = total + (pdf[k].reshape(-1) * ce).mean()
             ces.append(ce.mean())
