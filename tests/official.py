@@ -7,9 +7,8 @@ turns one `<cond>/last.pt` into a loopscale `LoopedLM` (with its RunConfig); `of
 opens it for the diagnostics on the official validation ids, so the code a test runs is
 the one `loopscale eval` runs.
 
-The conversion goes through `loopscale.convert` (model_settings + convert_state). The
-checkpoint's readout lives in `model.use_decode_norm` / `model.decode_norm_final_only`,
-which the current converter does not read, so it is passed as an override here.
+The conversion is `loopscale.convert.load_official`, what `loopscale convert-paper` runs
+(no flags: readout, recurrence, damping, gate and tokenizer from the official keys).
 """
 from __future__ import annotations
 
@@ -19,20 +18,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
-from loopscale.config import EvalConfig, RunConfig, merge
-from loopscale.convert import convert_state, model_settings
+from loopscale.config import EvalConfig, RunConfig
+from loopscale import convert
 from loopscale.evaluate import EvalRun, tokens_run
 from loopscale.model import LoopedLM
 
 OFFICIAL = Path(__file__).resolve().parent / "fixtures" / "official"
 CHECKPOINTS = sorted(OFFICIAL.glob("*/last.pt"))
-
-# conditions the model cannot represent until convert-paper reads every official option
-NEEDS_CONVERTER = {"perstep_spectral": "spectral damping (raw_alpha)", "perstep_alpha_readout": "alpha readout",
-                   "perstep_tapernorm": "TaperNorm readout"}
-NOT_LOADABLE = ("perstep_alpha_readout", "perstep_tapernorm")  # refused; spectral loads (undamped, wrong)
 
 # the official evaluation budget (README "Evaluation budget and windows"): the first 32
 # non-overlapping validation windows of seq_len 32
@@ -40,41 +33,17 @@ N_WINDOWS = 32
 
 
 def cond_params(oracle: bool = True) -> list:
-    """pytest params over every fixture checkpoint directory; the ones the model cannot
-    represent yet are strict xfails (they turn into XPASS failures when it can). `oracle`
-    False (a test of a property, not of the official numbers): only the ones that cannot be
-    loaded at all are xfails."""
-    out = []
-    for p in CHECKPOINTS:
-        cond = p.parent.name
-        marks = ()
-        if cond in NEEDS_CONVERTER and (oracle or cond in NOT_LOADABLE):
-            marks = pytest.mark.xfail(strict=True, reason=f"needs the official converter ({NEEDS_CONVERTER[cond]})")
-        out.append(pytest.param(p.parent, id=cond, marks=marks))
-    return out
-
-
-def _readout(mc: dict) -> str:
-    if not mc.get("use_decode_norm", True):
-        return "raw"
-    kind = mc.get("decode_norm_type", "rmsnorm")
-    if kind != "rmsnorm":
-        return kind  # not a loopscale readout (yet): the config check refuses it
-    return "final_norm" if mc.get("decode_norm_final_only", False) else "rmsnorm"
+    """pytest params over every fixture checkpoint directory (`oracle` kept for callers:
+    every official option converts, so every checkpoint is compared)."""
+    return [pytest.param(p.parent, id=p.parent.name) for p in CHECKPOINTS]
 
 
 @lru_cache(maxsize=None)
 def load_official(cond_dir: Path) -> tuple[LoopedLM, RunConfig]:
-    """The fixture checkpoint `<cond_dir>/last.pt` as a loopscale model (fp32, eval mode)."""
-    ckpt = torch.load(Path(cond_dir) / "last.pt", map_location="cpu", weights_only=True)
-    mc = ckpt["config"]["model"]
-    state = ckpt["model_state"]
-    settings, _ = model_settings(ckpt["config"], state, {"readout": _readout(mc)})
-    cfg = RunConfig.from_dict(merge(RunConfig().to_dict(), {
-        "model": {**settings, "dropout": 0.0}, "data": {"vocab_size": settings["vocab_size"]}}))
-    converted, _ = convert_state(state, settings)
-    model = LoopedLM(cfg.model)
-    model.load_state_dict({k: v.float() for k, v in converted.items()})
+    """The fixture checkpoint `<cond_dir>/last.pt` as a loopscale model (fp32, eval mode),
+    converted with no flags as `loopscale convert-paper` does."""
+    model, cfg, _, _ = convert.load_official(Path(cond_dir) / "last.pt")
+    model = model.float()
     for p in model.parameters():
         p.requires_grad_(False)
     return model.eval(), cfg

@@ -23,40 +23,22 @@ import pytest
 import torch
 
 from loopscale.config import EvalConfig, RunConfig, merge
-from loopscale.convert import convert_state, model_settings
+from loopscale import convert
 from loopscale.evaluate import EvalRun
 from loopscale.halting import (PAPER_POLICY, POLICIES, collect, halting, paper_calibrate, paper_curve,
                                paper_exit_index, paper_thresholds, paper_units)
 from loopscale.model import LoopedLM
 
 FIX = Path(__file__).parent / "fixtures" / "official"
-# official options the current model cannot hold (the official converter is to add them)
-UNREPRESENTABLE = {"perstep_spectral", "perstep_alpha_readout", "perstep_tapernorm"}
-CONDS = [pytest.param(p.parent.name, marks=pytest.mark.xfail(strict=True, reason="needs the official converter"))
-         if p.parent.name in UNREPRESENTABLE else p.parent.name for p in sorted(FIX.glob("*/last.pt"))]
+CONDS = [p.parent.name for p in sorted(FIX.glob("*/last.pt"))]
 OFFICIAL_NAME = {v: k for k, v in PAPER_POLICY.items()}
 BAND = {"max_prob": 1e-5, "margin": 1e-4, "entropy": 1e-5}  # confidence noise from ~1e-5 logit differences
 
 
 def load_official(cond_dir: Path) -> tuple[LoopedLM, RunConfig]:
-    """An official checkpoint as a LoopedLM, with the overrides today's converter needs."""
-    ck = torch.load(cond_dir / "last.pt", map_location="cpu", weights_only=True)
-    m = ck["config"]["model"]
-    for key in ("use_spectral_damping",):
-        if m.get(key):
-            raise NotImplementedError(f"model.{key}")
-    if m.get("decode_norm_type", "rmsnorm") != "rmsnorm":
-        raise NotImplementedError(f"model.decode_norm_type={m['decode_norm_type']}")
-    readout = ("raw" if not m.get("use_decode_norm", True)
-               else "final_norm" if m.get("decode_norm_final_only") else "rmsnorm")
-    over = {"readout": readout, "recurrence": "inter_loop_norm" if m.get("inter_loop_norm") else "residual"}
-    settings, _ = model_settings(ck["config"], ck["model_state"], over)
-    cfg = RunConfig.from_dict(merge(RunConfig().to_dict(), {"model": settings,
-                                                            "data": {"vocab_size": settings["vocab_size"]}}))
-    state, _ = convert_state(ck["model_state"], settings)
-    model = LoopedLM(cfg.model)
-    model.load_state_dict(state)
-    return model.eval(), cfg
+    """An official checkpoint as a LoopedLM, converted with no flags (`loopscale convert-paper`)."""
+    model, cfg, _, _ = convert.load_official(cond_dir / "last.pt")
+    return model.float().eval(), cfg
 
 
 @lru_cache(maxsize=None)

@@ -194,7 +194,8 @@ def params():
 # ---------------------------------------------------------------------------
 def test_schema_enums_come_from_the_registry(monkeypatch):
     d = P.load_schema(SCHEMA)["$defs"]
-    assert tuple(d["readout"]["enum"]) == tuple(R.READOUTS) == ("rmsnorm", "layernorm", "raw", "final_norm")
+    assert tuple(d["readout"]["enum"]) == tuple(R.READOUTS)
+    assert tuple(R.READOUTS)[:4] == ("rmsnorm", "layernorm", "raw", "final_norm")
     assert tuple(d["loss"]["enum"]) == tuple(R.LOSSES)
     assert tuple(d["regularizer"]["enum"]) == tuple(R.REGULARIZERS)
     assert tuple(d["recurrence"]["enum"]) == tuple(R.RECURRENCES)

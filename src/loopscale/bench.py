@@ -134,7 +134,7 @@ def flop_count(cfg: RunConfig) -> dict:
     """Model FLOPs of one training token and how they are counted."""
     m = cfg.model
     K = m.n_loops
-    R = K if cfg.objective.loss == "per_loop" else 1  # readouts whose CE enters the loss
+    R = K if cfg.objective.loss in ("per_loop", "adaptive") else 1  # readouts whose CE enters the loss
     fwd = flops_per_token(m, K, R)
     head = R * 2 * m.d_model * m.vocab_size
     return {"forward_per_token": fwd, "train_per_token": 3 * fwd, "stack_forward_per_token": fwd - head,

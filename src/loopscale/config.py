@@ -30,6 +30,7 @@ FIT_ON = ("train+validation", "train")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 PRECISIONS = ("auto", "fp32", "bf16")
 CE_IMPLS = ("chunked", "plain")
+ALPHA_S_REFS = ("ema", "fixed", "learned")
 
 
 class ConfigError(ValueError):
@@ -50,6 +51,19 @@ class ModelConfig:
     readout: str = "rmsnorm"  # loopscale.registry.READOUTS
     recurrence: str = "residual"  # loopscale.registry.RECURRENCES
     init: str = "pytorch"  # pytorch (paper: N(0,1) embeddings) | gpt2 (N(0, 0.02))
+    # the official release's model options (docs/diagnostics.md, "Model options of the official release")
+    alpha_init: float = 0.5  # readout=alpha_readout: the learned α's start (alpha_readout.init_alpha)
+    alpha_fixed: Optional[float] = None  # a constant α in [0, 1] instead of a learned one (fixed_alpha)
+    alpha_min: float = 0.0  # the learned α's range (alpha_readout.alpha_min / alpha_max)
+    alpha_max: float = 1.0
+    alpha_s_ref: str = "ema"  # ema | fixed | learned (alpha_readout.s_ref_mode)
+    alpha_ema_decay: float = 0.99  # of the EMA s_ref (alpha_readout.ema_decay)
+    alpha_log_s_ref: float = 0.0  # log s_ref's start (alpha_readout.init_log_s_ref)
+    alpha_per_loop: bool = False  # one alpha readout per exit (alpha_readout.per_loop_alpha)
+    taper_ema_decay: float = 0.99  # readout=tapernorm: calibration EMA (taper_norm.ema_decay)
+    taper_warmup_frac: float = 0.05  # share of training at gate 1 (taper_norm.gate_warmup_frac)
+    taper_decay_frac: Optional[float] = None  # share of training the gate decays over (None: the rest)
+    exit_gate: bool = False  # a learned exit gate Linear(d, 1) on H_k (on whenever objective.loss reads it)
 
 
 @dataclass
@@ -59,6 +73,9 @@ class ObjectiveConfig:
     penalty_weight: float = registry.PAPER_PENALTY_WEIGHT  # lambda of the norm penalty
     ce_impl: str = "chunked"  # chunked (memory-lean, exact) | plain
     ce_chunk_tokens: int = 4096  # tokens per chunk of the chunked cross-entropy
+    entropy_weight: float = 0.1  # loss=adaptive: weight of the exit distribution's entropy bonus
+    anchor_weight: float = 0.01  # regularizer=scale_anchor: its weight (official supervision.scale_anchor_weight)
+    anchor_target: float = 1.0  # the RMS of H the anchor pulls towards (supervision.scale_anchor_target)
 
 
 @dataclass
@@ -465,6 +482,7 @@ def _choices() -> dict:
         ("model", "readout"): tuple(registry.READOUTS),
         ("model", "recurrence"): tuple(registry.RECURRENCES),
         ("model", "init"): INITS,
+        ("model", "alpha_s_ref"): ALPHA_S_REFS,
         ("objective", "loss"): tuple(registry.LOSSES),
         ("objective", "regularizer"): tuple(registry.REGULARIZERS),
         ("objective", "ce_impl"): CE_IMPLS,
@@ -508,8 +526,11 @@ SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")  # token ids 0..3 of every
 RANGES: dict[str, dict[str, Range]] = {
     "model": {"vocab_size": POSITIVE, "d_model": POSITIVE, "n_layers": POSITIVE, "n_heads": POSITIVE,
               "d_ff": POSITIVE, "seq_len": POSITIVE, "n_loops": POSITIVE, "dropout": FRACTION,
-              "norm_eps": POSITIVE},
-    "objective": {"penalty_weight": NON_NEGATIVE, "ce_chunk_tokens": POSITIVE},
+              "norm_eps": POSITIVE, "alpha_init": Range(0, 1), "alpha_fixed": Range(0, 1), "alpha_min": Range(0, 1),
+              "alpha_max": Range(0, 1), "alpha_ema_decay": Range(0, 1), "alpha_log_s_ref": Range(),
+              "taper_ema_decay": Range(0, 1), "taper_warmup_frac": Range(0, 1), "taper_decay_frac": Range(0, 1)},
+    "objective": {"penalty_weight": NON_NEGATIVE, "ce_chunk_tokens": POSITIVE, "entropy_weight": NON_NEGATIVE,
+                  "anchor_weight": NON_NEGATIVE, "anchor_target": NON_NEGATIVE},
     "data": {"vocab_size": POSITIVE, "min_frequency": Range(1), "validation_fraction": Range(0, 1, True, True),
              "test_fraction": FRACTION, "split_seed": SEED, "max_documents": NON_NEGATIVE},
     "train": {"batch_size": POSITIVE, "grad_accum": POSITIVE, "lr": POSITIVE, "weight_decay": NON_NEGATIVE,
@@ -579,6 +600,10 @@ def validate(cfg: RunConfig) -> None:
     m, t, d = cfg.model, cfg.train, cfg.data
     if m.d_model % m.n_heads:
         raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.n_heads ({m.n_heads})")
+    if m.alpha_min >= m.alpha_max:
+        raise ConfigError(f"model.alpha_min ({m.alpha_min}) must be below model.alpha_max ({m.alpha_max})")
+    if cfg.objective.loss in registry.GATED_LOSSES:
+        m.exit_gate = True  # the loss reads the gate: the model has one (recorded in the config)
     _check_data(d)
     if t.batch_size % t.grad_accum:
         raise ConfigError(f"train.batch_size ({t.batch_size}) must be divisible by train.grad_accum ({t.grad_accum})")

@@ -167,13 +167,14 @@ def norms(run: EvalRun) -> tuple[dict, int]:
 # ---------------------------------------------------------------------------
 # radial gradient fraction
 # ---------------------------------------------------------------------------
-def radial_stats(model: LoopedLM, h: torch.Tensor, y: torch.Tensor, final: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def radial_stats(model: LoopedLM, h: torch.Tensor, y: torch.Tensor, final: bool,
+                 k: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token cos(g, H) and cos²(g, H) (float64) for g = ∂CE/∂H of one exit's immediate loss.
 
     H is detached into a leaf; the sum-reduced CE makes g per token."""
     with torch.enable_grad():
         leaf = h.detach().requires_grad_(True)
-        ce = linear_cross_entropy(model.readout(leaf, final), model.head_weight.detach(), y) * y.numel()
+        ce = linear_cross_entropy(model.readout(leaf, final, k=k), model.head_weight.detach(), y) * y.numel()
         (g,) = torch.autograd.grad(ce, leaf)
     g64 = g.double().reshape(-1, g.shape[-1])
     h64 = leaf.detach().double().reshape(-1, g.shape[-1])
@@ -194,7 +195,7 @@ def radial(run: EvalRun) -> tuple[dict, int]:
         with torch.no_grad():
             states = model(x)
         for k, h in enumerate(states):
-            cos, cos2 = radial_stats(model, h, y, final=k == K - 1)
+            cos, cos2 = radial_stats(model, h, y, final=k == K - 1, k=k + 1)
             cos_sum[k] += cos.sum().cpu()
             cos2_sum[k] += cos2.sum().cpu()
             abs_sum[k] += cos.abs().sum().cpu()
@@ -358,7 +359,7 @@ def clamp(run: EvalRun) -> tuple[dict, int]:
         for x, y in batches(run, starts, f"clamp {mode}"):
             states = model(x, state_fn=_recording(clamp_fn(mode), log))
             for k, h in enumerate(states):
-                ce = linear_cross_entropy(model.readout(h, k == K - 1), model.head_weight, y)
+                ce = linear_cross_entropy(model.readout(h, k == K - 1, k=k + 1), model.head_weight, y)
                 ce_sum[k] += ce.double().cpu() * y.numel()
                 norm_sum[k] += token_norms(h).sum().cpu()
                 rms_sum[k] += token_rms(h).double().sum().cpu()

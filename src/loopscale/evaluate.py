@@ -59,7 +59,7 @@ def exit_losses(model: LoopedLM, tokens, batch_size: int, max_tokens: int = 0,
             m = y.numel()
             for k, h in enumerate(states):
                 final = final_readout_only or k == n_loops - 1
-                ce = linear_cross_entropy(model.readout(h, final), model.head_weight, y)
+                ce = linear_cross_entropy(model.readout(h, final, k=k + 1), model.head_weight, y)
                 ce_sum[k] += ce.double().cpu() * m
                 norm_sum[k] += mean_token_norm(h).double().cpu() * m
             n_tok += m

@@ -87,7 +87,7 @@ class Decoder:
         for k in range(1, n + 1):
             h = model.loop(x, self.caches[k - 1])
             if k < n and may_halt:
-                z = model.logits(h[:, -1], final=False).float()
+                z = model.logits(h[:, -1], final=False, k=k).float()
                 if confidences(z)[self.halt.policy].item() >= self.halt.threshold:
                     self._copy_forward(k)
                     return z[0], k

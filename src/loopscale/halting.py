@@ -56,9 +56,10 @@ ALL_EXITS = "all_exits"  # timed_passes variant: full depth, every exit read out
 _CHUNK = 4096  # tokens per logits chunk
 
 
-def exit_token_stats(model, h: torch.Tensor, y: torch.Tensor, final: bool) -> tuple[torch.Tensor, dict]:
+def exit_token_stats(model, h: torch.Tensor, y: torch.Tensor, final: bool,
+                     k: Optional[int] = None) -> tuple[torch.Tensor, dict]:
     """Per-token CE and confidences (float32, flattened) of one exit read from state h."""
-    hr = model.readout(h, final).reshape(-1, h.shape[-1])
+    hr = model.readout(h, final, k=k).reshape(-1, h.shape[-1])
     yf = y.reshape(-1)
     ces, confs = [], {p: [] for p in POLICIES}
     for s in range(0, hr.shape[0], _CHUNK):
@@ -89,7 +90,7 @@ def collect(run: EvalRun, starts: np.ndarray) -> tuple[np.ndarray, dict]:
         states = model(x)
         ce_k, conf_k = [], {p: [] for p in POLICIES}
         for k, h in enumerate(states):
-            ce, conf = exit_token_stats(model, h, y, final=k == K - 1)
+            ce, conf = exit_token_stats(model, h, y, final=k == K - 1, k=k + 1)
             ce_k.append(ce.view(-1, T))
             for p in POLICIES:
                 conf_k[p].append(conf[p].view(-1, T))
@@ -303,7 +304,7 @@ def dynamic_batch(model, x: torch.Tensor, y: torch.Tensor, policy: Optional[str]
                 ce_sum += F.cross_entropy(z, yf[s:s + _CHUNK], reduction="sum").double()
             loops += K * y.numel()
             break
-        ce, conf = exit_token_stats(model, h, y, final=False)
+        ce, conf = exit_token_stats(model, h, y, final=False, k=k)
         c = paper_window_score(conf[policy].view(-1, T)) if paper else conf[policy].view(-1, T).double().mean(1)
         halt = c >= tau
         ce_sum += (ce.view(-1, T).double().sum(1) * halt).sum()
@@ -325,7 +326,7 @@ def all_exits_batch(model, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tens
     yf = y.reshape(-1)
     ce_sum = torch.zeros((), dtype=torch.float64, device=x.device)
     for k, h in enumerate(states):
-        hr = model.readout(h, k == K - 1).reshape(-1, h.shape[-1])
+        hr = model.readout(h, k == K - 1, k=k + 1).reshape(-1, h.shape[-1])
         for s in range(0, hr.shape[0], _CHUNK):
             z = F.linear(hr[s:s + _CHUNK], model.head_weight).float()
             if k == K - 1:

@@ -405,6 +405,7 @@ def _train(cfg: RunConfig, data_dir: str | Path, out: Path, *, resume: bool, pro
                                            "elapsed": elapsed_before + time.time() - t0, "status": "running"})
 
     def validate() -> dict:
+        model.schedule(step, total_steps)  # TaperNorm's gate at this step, as the official trainer validates
         r = exit_losses(model, val_tokens, tc.eval_batch_size, tc.eval_tokens, device=device)
         return {"step": step, "split": "validation", "tokens": r["tokens"], "val_ce": r["ce"],
                 "val_norm": r["norm"]}
@@ -432,6 +433,7 @@ def _train(cfg: RunConfig, data_dir: str | Path, out: Path, *, resume: bool, pro
                 x, y = D.get_batch(train_tokens, starts[DD.shard(batch, dd.rank, dd.world)], mc.seq_len)
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 is_log = (step + 1) % tc.log_every == 0 or step + 1 == total_steps
+                model.schedule(step, total_steps)  # settings that follow the step (TaperNorm's gate)
                 done_step = train_step(model, fwd, opt, x, y, cfg, device, all_exits=is_log, dd=dd, guard=guard)
                 if not done_step.finite:  # the update was not applied (on any rank)
                     status, diverged_at = "diverged", step + 1
