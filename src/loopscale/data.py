@@ -285,6 +285,89 @@ def word_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
     return pre_tokenizers.Split(Regex(WORD_PATTERN), behavior="isolated", invert=False)
 
 
+# The paper's tokenizer, exactly. The official RegexTokenizer (src/data/dataset.py) cuts text
+# with Python's ``re.findall(WORD_PATTERN, text)``: ``\s`` and ``\w`` are Python's Unicode
+# classes (``str.isspace``; ``str.isalnum`` or ``_``), and a character no branch matches (a
+# ``\w`` character outside ``[A-Za-z0-9_]``: ``é``, ``ß``, ``東``, ``²``) is skipped, which also
+# ends the run it sits in (``"Zürich"`` -> ``"Z"``, ``"rich"``). The `tokenizers` regex engine
+# (Oniguruma) has other Unicode classes (its ``\w`` takes combining marks, Python's does not),
+# so the classes are spelt out code point by code point from Python's own ``re`` and
+# the skipped characters are removed by a first Split that also cuts there.
+def _code_point_class(test: "re.Pattern[str]", exclude: "Optional[re.Pattern[str]]" = None) -> str:
+    """An Oniguruma character-class body (``\\x{...}`` ranges) of the code points `test`
+    matches (and `exclude` does not), as this Python's ``re`` classifies them."""
+    ranges: list[list[int]] = []
+    for cp in range(0x110000):
+        if 0xD800 <= cp <= 0xDFFF:  # surrogates cannot occur in UTF-8 text
+            continue
+        ch = chr(cp)
+        if test.match(ch) and not (exclude and exclude.match(ch)):
+            if ranges and ranges[-1][1] == cp - 1:
+                ranges[-1][1] = cp
+            else:
+                ranges.append([cp, cp])
+    return "".join(f"\\x{{{a:X}}}" if a == b else f"\\x{{{a:X}}}-\\x{{{b:X}}}" for a, b in ranges)
+
+
+_PAPER_CLASSES: dict[str, str] = {}
+
+
+def _paper_classes() -> dict[str, str]:
+    """Python's ``\\s`` and the characters ``re.findall(WORD_PATTERN)`` skips, built once."""
+    if not _PAPER_CLASSES:
+        _PAPER_CLASSES["space"] = _code_point_class(re.compile(r"\s"))
+        _PAPER_CLASSES["skipped"] = _code_point_class(re.compile(r"\w"), re.compile(r"[A-Za-z0-9_]"))
+    return _PAPER_CLASSES
+
+
+def paper_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
+    """Pieces equal to Python's ``re.findall(WORD_PATTERN, text)``, for any text.
+
+    Two Splits: the characters the pattern cannot match are removed (cutting the text
+    there), then each remaining stretch is cut into whitespace runs (Python ``\\s``), ASCII
+    word runs and single other characters. Unlike `word_pre_tokenizer`, nothing the
+    official tokenizer drops survives as a piece."""
+    c = _paper_classes()
+    space, skipped = c["space"], c["skipped"]
+    pieces = Regex(f"[{space}]+|[A-Za-z0-9_]+|[^{space}A-Za-z0-9_]")
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(f"[{skipped}]+"), behavior="removed", invert=False),
+        pre_tokenizers.Split(pieces, behavior="isolated", invert=False)])
+
+
+def paper_tokenizer(itos: list[str], pattern: str) -> Tokenizer:
+    """The official RegexTokenizer as a `tokenizers.Tokenizer`, from a checkpoint's
+    ``tokenizer`` state (``{"kind": "regex", "itos": [...], "pattern": ...}``).
+
+    ``encode(text).ids`` equals the official ``encode(text)`` (no BOS/EOS) and ``decode(ids)``
+    its ``decode(ids)`` (special tokens skipped; the official decode also stops at the first
+    ``<eos>``, which the paper's streams never hold). The specials ``<pad> <bos> <eos>
+    <unk>`` must be ids 0..3; they are plain vocabulary entries, not added tokens, so a
+    literal ``"<unk>"`` in the text is cut into ``<``, ``unk``, ``>`` as the official code
+    cuts it. Only the official pattern (`WORD_PATTERN`) can be reproduced; another pattern,
+    a malformed vocabulary or one too big for uint16 token files raises `DataError`."""
+    if pattern != WORD_PATTERN:
+        raise DataError(f"tokenizer pattern {pattern!r} cannot be reproduced exactly (only the paper's "
+                        f"{WORD_PATTERN!r} is supported)")
+    if not isinstance(itos, (list, tuple)) or not all(isinstance(t, str) for t in itos):
+        raise DataError("tokenizer itos must be a list of strings")
+    if tuple(itos[:len(SPECIAL_TOKENS)]) != SPECIAL_TOKENS:
+        raise DataError(f"tokenizer itos must start with {' '.join(SPECIAL_TOKENS)} (ids 0..3), "
+                        f"got {list(itos[:len(SPECIAL_TOKENS)])}")
+    if len(set(itos)) != len(itos):
+        dup = next(t for i, t in enumerate(itos) if t in itos[:i])
+        raise DataError(f"tokenizer itos holds {dup!r} twice; a vocabulary needs distinct entries")
+    if len(itos) > MAX_VOCAB:
+        raise DataError(f"tokenizer itos has {len(itos)} entries: too many for uint16 token files "
+                        f"(at most {MAX_VOCAB})")
+    tok = Tokenizer(models.WordLevel(vocab={t: i for i, t in enumerate(itos)}, unk_token="<unk>"))
+    tok.pre_tokenizer = paper_pre_tokenizer()
+    # Pieces are whitespace runs, ASCII word runs or single characters, so none contains a
+    # special's text: removing the specials' strings drops exactly the special tokens.
+    tok.decoder = decoders.Sequence([decoders.Replace(s, "") for s in SPECIAL_TOKENS] + [decoders.Fuse()])
+    return tok
+
+
 def _chunks(text: str, size: int = _CHUNK_CHARS) -> Iterator[str]:
     """Cut `text` into pieces of `size` to `2 * size` characters, so memory per piece is bounded.
 
