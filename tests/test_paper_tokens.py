@@ -325,3 +325,18 @@ def test_data_stats_cli(tmp_path, capsys):
     assert cli.main(["data-stats", "--data", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert "no token statistics" in err and len(err.splitlines()) == 1
+
+
+def test_committed_token_counts_match_the_official_streams():
+    """benchmarks/token-counts.json (benchmarks/token_counts.py): its fixture-corpus figures in
+    the paper mode are the official streams' own counts, and its steps follow from them."""
+    record = _json(Path(__file__).parents[1] / "benchmarks" / "token-counts.json")
+    paper = record["official-fixture"]["paper"]
+    for split in ("train", "validation"):
+        ids = _json(TOKEN_IDS / f"{split}_ids.json")
+        assert paper["splits"][split]["tokens"] == len(ids) and paper["splits"][split]["unk"] == ids.count(3)
+    n = paper["splits"]["train"]["tokens"]
+    assert paper["paper_steps"]["44m"]["official"] == _official_steps(n, 256, 128, 64, 4)
+    projected = record["wikitext-103-projection"]
+    assert projected["projection"] is True
+    assert projected["paper_steps"]["44m"]["official"] == _official_steps(projected["tokens"], 256, 128, 64, 4)

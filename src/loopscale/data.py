@@ -11,25 +11,32 @@ The data path of a run has three steps:
    - ``wikitext-103`` / ``wikitext-2``: ``Salesforce/wikitext`` (``wikitext-103-raw-v1`` /
      ``wikitext-2-raw-v1``) through ``datasets.load_dataset``; the paper's corpus. Needs the
      Hugging Face hub (or a cached copy with ``HF_DATASETS_OFFLINE=1``); without either it
-     fails within seconds, naming the offline alternatives.
+     fails within seconds, naming the offline alternatives. ``data.hf_dataset``: a local
+     folder laid out like the Hub repository (or another hub id) instead.
    - ``text-files``: the user's own ``data.train_file`` / ``data.validation_file`` /
      optional ``data.test_file`` (UTF-8 plain text; WikiText raw files work as they are).
 
-   Every source goes through the same line rule (the paper's data preparation): a text is
-   split on ``"\\n"``, lines that are empty or whitespace-only are dropped, and the remaining lines (kept
-   verbatim, including WikiText's leading/trailing spaces) are joined with a blank line,
-   i.e. with ``"\\n\\n"``. WikiText splits and text files become one document each; a
-   speech is one document.
+   ``data.tokenization`` picks the unit (docs/data.md). ``paper`` (the default): the
+   official code's rows, a WikiText line with its ``"\\n"`` (`text_rows`; the Hub
+   dataset's rows minus the ``""`` ones), each split a list of rows. ``joined``: a text is
+   split on ``"\\n"``, lines that are empty or whitespace-only are dropped, and the remaining
+   lines (kept verbatim, including WikiText's leading/trailing spaces) are joined with a
+   blank line, i.e. with ``"\\n\\n"``; WikiText splits and text files become one document
+   each, a speech is one document.
 
-2. `fit_tokenizer(cfg, corpus)` fits a `tokenizers.Tokenizer`: the paper's word-level regex
-   tokenizer (``word``) or a byte-level BPE (``bpe``). Ids 0..3 are
+2. `fit_tokenizer(cfg, corpus)` fits a `tokenizers.Tokenizer`. ``paper``: the official
+   RegexTokenizer exactly (`paper_vocabulary` counts pieces per row, `paper_tokenizer`
+   reproduces Python's ``re.findall``); ``joined``: the word-level regex tokenizer
+   (``word``) or a byte-level BPE (``bpe``) fitted on the joined text. Ids 0..3 are
    ``<pad> <bos> <eos> <unk>``; no BOS/EOS is inserted when encoding.
 
 3. `prepare_data(cfg, out_dir)` writes ``tokenizer.json``, ``{train,validation,test}.bin``
    (raw little-endian uint16 token ids, no header) and ``meta.json``. A split's documents
    are joined with `DOC_SEPARATOR` (``"\\n\\n"``) and the joined text is tokenised as one
    string, so the ids are exactly those of ``tokenizer.encode(join_documents(docs)).ids``;
-   the separator becomes part of a whitespace-run token.
+   the separator becomes part of a whitespace-run token (under ``paper`` a run never seen
+   inside a row: ``<unk>``, as in the official stream). ``meta.json`` also records the
+   split's word and token counts (`split_stats`; `data_stats`, ``loopscale data-stats``).
 
 Readers: `load_meta`, `load_split` (read-only ``np.memmap``), `load_tokenizer`.
 Windows: `train_window_starts`, `eval_window_starts`, `get_batch`.
