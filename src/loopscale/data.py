@@ -110,8 +110,8 @@ def clean_lines(text: str) -> str:
 
 def text_rows(text: str) -> list[str]:
     """The WikiText rows of a plain text (``data.tokenization=paper``): one row per line, kept
-    verbatim with its ``"\\n"`` (``"\\r\\n"`` read as ``"\\n"``, as Python's text mode
-    reads it); empty and whitespace-only lines are left out.
+    verbatim with its ``"\\n"`` (``"\\r\\n"`` read as ``"\\n"``, as Python's text mode,
+    which the file readers use, also reads it); empty and whitespace-only lines are left out.
 
     This is how the Hub's ``Salesforce/wikitext`` was built from the raw ``wiki.*.raw`` files
     (a whitespace-only line became the row ``""``) and how the paper's loader then drops
@@ -870,27 +870,3 @@ def data_stats(data_dir: PathLike, train: Optional[dict] = None) -> dict:
         out["run_steps"] = train_steps(n_train, **train)
     return out
 
-
-def cmd_data_stats(args) -> int:
-    from .config import resolve
-    train = None
-    if args.config or args.preset or args.overrides:
-        cfg = resolve(args.config, args.preset, args.overrides)
-        t = cfg.train
-        train = dict(seq_len=cfg.model.seq_len, stride=t.stride, batch_size=t.batch_size, epochs=t.epochs,
-                     max_steps=t.max_steps)
-    result = data_stats(args.data, train)
-    text = json.dumps(result, indent=2, sort_keys=True) + "\n"
-    if args.out:
-        atomic_write_bytes(args.out, text.encode("utf-8"))
-    print(text, end="")
-    return 0
-
-
-def add_cli(sub) -> None:
-    from .cli import add_config_args
-    p = sub.add_parser("data-stats", help="words, tokens, <unk> shares and training steps of prepared data")
-    p.add_argument("--data", required=True, help="prepared data directory (loopscale prepare-data)")
-    add_config_args(p)
-    p.add_argument("--out", help="also write the JSON here (atomic)")
-    p.set_defaults(func=cmd_data_stats)
