@@ -341,3 +341,20 @@ def test_committed_token_counts_match_the_official_streams():
     projected = record["wikitext-103-projection"]
     assert projected["projection"] is True
     assert projected["paper_steps"]["44m"]["official"] == _official_steps(projected["tokens"], 256, 128, 64, 4)
+
+
+def test_prepare_data_with_a_checkpoints_tokenizer_writes_the_official_streams(tmp_path, capsys):
+    """The converter's path: the tokenizer of an official checkpoint, saved as tokenizer.json and
+    given to `loopscale prepare-data --tokenizer`, encodes the corpus to the official streams."""
+    from loopscale import cli
+    state = torch.load(CHECKPOINTS[0], map_location="cpu", weights_only=True)["tokenizer"]
+    path = tmp_path / "tokenizer.json"
+    D.paper_tokenizer(state["itos"], state["pattern"]).save(str(path))
+    corpus = OFFICIAL / "corpus"
+    rc = cli.main(["prepare-data", "--preset", "smoke", "--set", "data.source=text-files",
+                   "--set", f"data.train_file={corpus / 'train.txt'}",
+                   "--set", f"data.validation_file={corpus / 'validation.txt'}",
+                   "--tokenizer", str(path), "--out", str(tmp_path / "d")])
+    assert rc == 0, capsys.readouterr().err
+    for split in ("train", "validation"):
+        assert _bin(tmp_path / "d", split) == _json(TOKEN_IDS / f"{split}_ids.json")
