@@ -54,7 +54,10 @@ def test_tokenizer_files_carry_the_special_tokens(run, smoke_data):
     text = "We the people, in order to form a more perfect Union."
     ids = tok.encode(text).ids
     assert ids[:4] == [tok.token_to_id(w) for w in ("We", " ", "the", " ")]
-    assert tok.encode(tok.decode(ids, skip_special_tokens=False)).ids == ids  # <unk>s included
+    if tok.get_added_tokens_decoder():  # data.tokenization=joined: literal specials encode to their ids
+        assert tok.encode(tok.decode(ids, skip_special_tokens=False)).ids == ids  # <unk>s included
+    else:  # paper: the specials are plain vocabulary, and decoding drops them as the official decode does
+        assert 3 in ids and tok.decode(ids) == "".join(tok.id_to_token(i) for i in ids if i > 3)
     conf = json.loads((run / "tokenizer_config.json").read_text())
     special = json.loads((run / "special_tokens_map.json").read_text())
     roles = {"pad_token": "<pad>", "bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>"}

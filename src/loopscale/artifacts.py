@@ -58,6 +58,12 @@ def tokenizer_metadata(tok: Tokenizer, model_max_length: int) -> tuple[dict, dic
     decoder = {str(i): {"content": t.content, "lstrip": t.lstrip, "normalized": t.normalized,
                         "rstrip": t.rstrip, "single_word": t.single_word, "special": t.special}
                for i, t in sorted(tok.get_added_tokens_decoder().items())}
+    # the paper's tokenizer (data.tokenization=paper) keeps its specials as plain vocabulary
+    # (a literal "<unk>" in text is three pieces, as in the official code): list them too
+    for name in roles.values():
+        decoder.setdefault(str(vocab[name]), {"content": name, "lstrip": False, "normalized": False,
+                                              "rstrip": False, "single_word": False, "special": True})
+    decoder = dict(sorted(decoder.items(), key=lambda kv: int(kv[0])))
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": model_max_length,
               "clean_up_tokenization_spaces": False, "add_bos_token": False, "add_eos_token": False,
               **roles, "added_tokens_decoder": decoder}

@@ -2,6 +2,7 @@
 
   loopscale config        resolve a preset + config file + overrides into one config file
   loopscale prepare-data  fetch/read the corpus, fit the tokenizer, write uint16 splits
+  loopscale data-stats    words, tokens, <unk> shares and training steps of prepared data
   loopscale train         train one run (resumes from its state.pt)
   loopscale params        print the parameter count of a config
 
@@ -62,6 +63,22 @@ def cmd_prepare_data(args) -> int:
     return 0
 
 
+def cmd_data_stats(args) -> int:
+    from . import data as D
+    train = None
+    if args.config or args.preset or args.overrides:  # a run's own step count beside the paper's
+        cfg = config_from_args(args)
+        t = cfg.train
+        train = dict(seq_len=cfg.model.seq_len, stride=t.stride, batch_size=t.batch_size, epochs=t.epochs,
+                     max_steps=t.max_steps)
+    text = json.dumps(D.data_stats(args.data, train), indent=2, sort_keys=True) + "\n"
+    if args.out:
+        from .io import atomic_write_text
+        atomic_write_text(args.out, text)
+    sys.stdout.write(text)
+    return 0
+
+
 def cmd_train(args) -> int:
     from .data import DataError
     from .distributed import env_world
@@ -113,6 +130,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokenizer", help="encode with this tokenizers JSON instead of fitting one "
                                        "(e.g. RUN/tokenizer.json of a converted model)")
     p.set_defaults(func=cmd_prepare_data)
+
+    p = sub.add_parser("data-stats", help="words, tokens, <unk> shares and training steps of prepared data")
+    p.add_argument("--data", required=True, help="prepared data directory (loopscale prepare-data)")
+    add_config_args(p)
+    p.add_argument("--out", help="also write the JSON here (atomic)")
+    p.set_defaults(func=cmd_data_stats)
 
     p = sub.add_parser("train", help="train one run")
     add_config_args(p)

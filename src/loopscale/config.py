@@ -27,6 +27,9 @@ INITS = ("pytorch", "gpt2")
 SOURCES = ("builtin", "wikitext-103", "wikitext-2", "text-files")
 TOKENIZERS = ("word", "bpe")
 FIT_ON = ("train+validation", "train")
+# paper: the official stream (rows, fitted per row, joined with "\n\n": row boundaries are <unk>);
+# joined: loopscale's earlier rule (blank lines dropped, fitted on the joined text). docs/data.md
+TOKENIZATIONS = ("paper", "joined")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 PRECISIONS = ("auto", "fp32", "bf16")
 CE_IMPLS = ("chunked", "plain")
@@ -92,6 +95,8 @@ class DataConfig:
     test_fraction: float = 0.05
     split_seed: int = 0
     max_documents: int = 0  # >0: keep only the first N documents of each split (quick tests)
+    tokenization: str = "paper"  # paper (the official token stream, bit for bit) | joined
+    hf_dataset: Optional[str] = None  # wikitext-*: a local folder laid out like Salesforce/wikitext, or a hub id
 
 
 @dataclass
@@ -489,6 +494,7 @@ def _choices() -> dict:
         ("data", "source"): SOURCES,
         ("data", "tokenizer"): TOKENIZERS,
         ("data", "fit_on"): FIT_ON,
+        ("data", "tokenization"): TOKENIZATIONS,
         ("train", "device"): DEVICES,
         ("train", "precision"): PRECISIONS,
     }
@@ -586,6 +592,12 @@ def _check_data(d: DataConfig) -> None:
         raise ConfigError(f"data.vocab_size {d.vocab_size} is too small for data.tokenizer={d.tokenizer} "
                           f"(needs >= {smallest}: the {len(SPECIAL_TOKENS)} special tokens"
                           f"{' and 256 byte symbols' if d.tokenizer == 'bpe' else ' and one word'})")
+    if d.tokenization == "paper" and d.tokenizer != "word":
+        raise ConfigError(f"data.tokenization=paper is the paper's word tokenizer; with data.tokenizer="
+                          f"{d.tokenizer} set data.tokenization=joined")
+    if d.hf_dataset is not None and (d.source not in ("wikitext-103", "wikitext-2") or not str(d.hf_dataset).strip()):
+        raise ConfigError(f"data.hf_dataset ({d.hf_dataset!r}) needs data.source=wikitext-103 or wikitext-2 "
+                          "and a folder or hub dataset id")
     if d.source == "text-files" and not (d.train_file and d.validation_file):
         raise ConfigError("data.train_file and data.validation_file are required with data.source=text-files")
     if d.validation_fraction + d.test_fraction >= 1:

@@ -43,10 +43,11 @@ MIN_RECORDS = 4  # fewer records (or fewer than 2 distinct steps) than this: no 
 
 def paper_steps(n_tokens: int = paper.WIKITEXT103_TRAIN_TOKENS, seq_len: int = 256, stride: int = 128,
                 batch_size: int = 64, epochs: float = 4.0) -> int:
-    """Optimiser steps of the paper's recipe: windows of seq_len+1 tokens every `stride`
-    tokens (as data.train_window_starts), `batch_size` windows per step, `epochs` passes."""
-    windows = math.ceil((n_tokens - seq_len) / stride)
-    return math.ceil(epochs * (windows // batch_size))
+    """Optimiser steps of the paper's recipe as the official trainer counts them: windows of
+    seq_len+1 tokens every `stride` tokens, `batch_size` windows per step (the last batch of
+    an epoch may be short), `epochs` passes (loopscale.data.train_steps, 'official')."""
+    from ..data import train_steps
+    return train_steps(n_tokens, seq_len, stride, batch_size, epochs)["official"]
 
 
 @dataclass
