@@ -27,7 +27,7 @@ def run(smoke_data, tmp_path_factory):
 
 
 def test_training_writes_the_artifact_and_load_gives_the_same_logits(run):
-    for name in ARTIFACT_FILES + ("model.pt", "config.json"):
+    for name in ARTIFACT_FILES + ("model.pt", "config.json", "loopscale.json", "modeling_loopscale.py"):
         assert (run / name).is_file(), name
     model, tok, cfg = loopscale.load(run)
     ref, _, _ = load_model(run / "model.pt")
@@ -42,7 +42,8 @@ def test_safetensors_stores_the_tied_head_once(run):
     model, _, _ = loopscale.load(run)
     with safe_open(str(run / "model.safetensors"), "pt") as f:
         keys = set(f.keys())
-        assert f.metadata() == {"format": "pt"}
+        meta = f.metadata()
+        assert set(meta) == {"format", "weights_sha256", "config_fingerprint"} and meta["format"] == "pt"
         assert sum(f.get_tensor(k).numel() for k in keys) == model.num_params()
     assert keys == set(model.state_dict()) and "tok_emb.weight" in keys
     assert not any("head" in k for k in keys)
