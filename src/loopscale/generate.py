@@ -82,6 +82,8 @@ class Decoder:
         depth; halting applies to the single tokens fed after it."""
         model, n = self.model, self.n_loops
         may_halt = self.halt is not None and self.pos > 0 and ids.shape[1] == 1
+        if not may_halt:
+            return model.logits(self.states(ids)[:, -1], final=True).float()[0], n
         x = model.embed(ids, start=self.pos)
         self.pos += ids.shape[1]
         for k in range(1, n + 1):
@@ -93,6 +95,18 @@ class Decoder:
                     return z[0], k
             x = model.feed(h)
         return model.logits(h[:, -1], final=True).float()[0], n
+
+    def states(self, ids: torch.Tensor) -> torch.Tensor:
+        """Encode the new ids [B, T] after the cached ones at full depth; return the state
+        after the last loop, H_n [B, T, d] (read it out with `model.logits(h, final=True)`)."""
+        model = self.model
+        x = model.embed(ids, start=self.pos)
+        self.pos += ids.shape[1]
+        for k in range(1, self.n_loops + 1):
+            h = model.loop(x, self.caches[k - 1])
+            if k < self.n_loops:
+                x = model.feed(h)
+        return h
 
     def _copy_forward(self, k: int) -> None:
         """The token that halted after loop k: its loop-k keys/values stand in at loops k+1..n."""
