@@ -105,6 +105,7 @@ class LoopscaleForCausalLM(PreTrainedModel, GenerationMixin):
                 setattr(config, key, kwargs.pop(key))
         check_depth(config.n_loops)
         model = cls(config, lm=lm)
+        model.run_config = cfg  # the run's full config, for save_pretrained
         dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
         if isinstance(dtype, str) and dtype != "auto":
             dtype = getattr(torch, dtype)
@@ -135,7 +136,7 @@ class LoopscaleForCausalLM(PreTrainedModel, GenerationMixin):
         """Logits after loop n_loops (default config.n_loops) with the final readout, as
         `model.logits(model(idx, n_loops=k)[-1])`. With a cache (generate), the logits of
         the positions fed in this call that are inside the current window."""
-        n = self.config.n_loops if n_loops is None else int(n_loops)
+        n = self.config.n_loops if n_loops is None else n_loops
         check_depth(n)
         if attention_mask is not None and not bool(attention_mask.bool().all()):
             raise ValueError("loopscale models take no padding: the attention mask has zeros "
@@ -185,11 +186,16 @@ class LoopscaleForCausalLM(PreTrainedModel, GenerationMixin):
     def save_pretrained(self, save_directory, **kwargs):
         """Write the run's artifact files (artifacts.write_run_files) into `save_directory`;
         the tokenizer is written by the tokenizer's own save_pretrained."""
+        import dataclasses
+
         from .artifacts import write_run_files
         from .config import RunConfig
         out = Path(save_directory)
         out.mkdir(parents=True, exist_ok=True)
-        cfg = RunConfig(model=self.lm.cfg)
+        cfg = getattr(self, "run_config", None)
+        if cfg is None or cfg.model != self.lm.cfg:  # a model built here: its data settings are unknown
+            cfg = RunConfig(model=self.lm.cfg)
+            cfg.data = dataclasses.replace(cfg.data, vocab_size=min(self.lm.cfg.vocab_size, 65535))
         record = {"config": cfg.to_dict(), "env": {}, "data": {}}
         write_run_files(out, self.lm, record, None)
 
