@@ -168,7 +168,7 @@ class LoopscaleForCausalLM(PreTrainedModel, GenerationMixin):
         if cache.decoder is None:  # the prompt: a prompt longer than the window keeps its last seq_len
             window = cache.ids[:, -seq:]
         elif cache.decoder.pos + ids.shape[1] > seq:  # no position left: slide the window
-            window = cache.ids[:, -(seq // 2):]
+            window = cache.ids[:, -max(1, seq // 2):]  # (a seq_len-1 model keeps the new token)
             cache.slides += 1
         else:
             return cache.decoder.states(ids)
