@@ -99,3 +99,23 @@ def test_generate_command(run, capsys):
 def test_load_is_lazy_and_exported():
     code = "import sys, loopscale; assert 'torch' not in sys.modules; loopscale.load; assert 'torch' in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_export_upgrades_an_older_layout_run(run, tmp_path):
+    """A run written before loopscale.json (config.json held the record, no Hugging Face
+    files): load reads it as it is; export rewrites it in the current layout from model.pt."""
+    import shutil
+    old = tmp_path / "old"
+    shutil.copytree(run, old)
+    record = json.loads((old / "loopscale.json").read_text())
+    for name in ("loopscale.json", "modeling_loopscale.py", "model.safetensors"):
+        (old / name).unlink()
+    (old / "config.json").write_text(json.dumps(record))
+    model, _, cfg = loopscale.load(old)  # from model.pt
+    assert main(["export", str(old)]) == 0
+    assert json.loads((old / "loopscale.json").read_text())["data"] == record["data"]
+    assert json.loads((old / "config.json").read_text())["model_type"] == "loopscale"
+    again, _, cfg2 = loopscale.load(old)
+    assert cfg2 == cfg
+    for a, b in zip(model.state_dict().values(), again.state_dict().values()):
+        assert torch.equal(a, b)
