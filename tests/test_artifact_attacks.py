@@ -15,7 +15,7 @@ from safetensors.torch import load_file, save_file
 
 import loopscale
 from loopscale.cli import main
-from loopscale.config import ConfigError, preset
+from loopscale.config import preset
 from loopscale.io import CheckpointError
 from loopscale.model import LoopedLM
 from loopscale.train import train

@@ -12,7 +12,7 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import loopscale  # noqa: E402  (registers the classes with the Auto classes)
-from loopscale.artifacts import WEIGHTS, save_weights, write_run_files  # noqa: E402
+from loopscale.artifacts import WEIGHTS, write_run_files  # noqa: E402
 from loopscale.config import preset  # noqa: E402
 from loopscale.generate import generate  # noqa: E402
 from loopscale.hf import LoopscaleConfig, LoopscaleForCausalLM  # noqa: E402

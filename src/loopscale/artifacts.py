@@ -31,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import struct
 from pathlib import Path
 from typing import Optional
