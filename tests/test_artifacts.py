@@ -119,3 +119,13 @@ def test_export_upgrades_an_older_layout_run(run, tmp_path):
     assert cfg2 == cfg
     for a, b in zip(model.state_dict().values(), again.state_dict().values()):
         assert torch.equal(a, b)
+
+
+def test_readers_of_the_run_record_find_it_in_loopscale_json(run):
+    """report and the eval data check read loopscale.json (config.json is the Hugging Face config)."""
+    from loopscale.report.cli import find_run_dirs
+    from loopscale.report.runs import load_run
+    r = load_run(run)
+    assert r.status == "completed" and r.config["model"]["readout"] == "final_norm"
+    assert r.data["tokenizer_sha256"] and r.env["loopscale"]
+    assert find_run_dirs([str(run)]) == [run]
