@@ -650,7 +650,7 @@ def test_a_thread_setting_reruns_nothing(smoke_local, tmp_path):
     edit_params(repo, lambda p: p["experiments"]["smoke"]["train"].__setitem__("threads", 2))
     assert set(counts(dry_run(repo))) == {"report", "all"}
     for run in smoke_runs(repo):  # the job's threads reached training (params.yaml: threads 1)
-        assert json.loads((run / "config.json").read_text())["config"]["train"]["threads"] == 1
+        assert json.loads((run / "loopscale.json").read_text())["config"]["train"]["threads"] == 1
 
 
 @pytest.mark.slow

@@ -118,7 +118,9 @@ def check_data_matches(cfg: RunConfig, meta: dict, model_path, data_dir, recorde
     `recorded`: the data record inside the checkpoint (train.py writes it); without one, the
     run's config.json beside the model file."""
     trained_on = recorded or None
-    run_cfg = Path(model_path).parent / "config.json"  # written by train.py beside model.pt
+    run_cfg = Path(model_path).parent / "loopscale.json"  # written by train.py beside model.pt
+    if not run_cfg.is_file():
+        run_cfg = run_cfg.with_name("config.json")  # runs written before loopscale.json existed
     if trained_on is None and run_cfg.is_file():
         try:
             trained_on = json.loads(run_cfg.read_text()).get("data") or None

@@ -1,14 +1,15 @@
 """Training one run: AdamW at a constant learning rate, resumable, crash-safe.
 
 Files written into the run directory:
-  config.json     fully resolved config + provenance (package, git commit, torch, device)
+  loopscale.json  fully resolved config + provenance (package, git commit, torch, device)
   metrics.jsonl   one JSON record every `log_every` steps (+ validation records)
   state.pt        resumable state every `ckpt_every` steps and on SIGTERM
                   (model, optimiser, RNG, step); removed once the run is finished
   model.pt        final weights + config (+ status), what the evaluations read; like state.pt
                   it records its weights' content hash (verified on load) and the data's identity
-  model.safetensors, tokenizer.json, tokenizer_config.json, special_tokens_map.json
-                  the run as a self-contained artifact (artifacts.py, `loopscale.load`)
+  model.safetensors, config.json (Hugging Face), modeling_loopscale.py, tokenizer.json,
+  tokenizer_config.json, special_tokens_map.json
+                  the run as a self-contained artifact (artifacts.py, `loopscale.load`, loopscale.hf)
   summary.json    status (completed | diverged), steps, tokens, final validation, wall time
 
 The data order is a pure function of (seed, epoch), so a resumed run sees exactly the
@@ -390,7 +391,7 @@ def _train(cfg: RunConfig, data_dir: str | Path, out: Path, *, resume: bool, pro
         env = run_environment(str(device))
         if dd.enabled:
             env["distributed"] = {"world_size": dd.world, "fsdp": tc.fsdp, "backend": torch.distributed.get_backend()}
-        atomic_write_json(out / "config.json", {"config": cfg.to_dict(), "env": env, "data": data_record})
+        atomic_write_json(out / "loopscale.json", {"config": cfg.to_dict(), "env": env, "data": data_record})
 
     def model_record(weights: dict) -> dict:
         return {"model": weights, "weights_sha256": weights_sha256(weights), "data": data_record}

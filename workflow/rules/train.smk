@@ -7,7 +7,7 @@
 # Outputs: summary.json and model.pt, which every outcome writes (completed | diverged |
 # failed: with --record-failure a crash is recorded in both, model.pt then holding no
 # weights), so a deleted model.pt retrains and --delete-all-output removes checkpoints.
-# metrics.jsonl and config.json sit beside them. RUN/state.pt (resume state) is
+# metrics.jsonl and loopscale.json (+ the artifact files) sit beside them. RUN/state.pt (resume state) is
 # deliberately undeclared: Snakemake deletes the declared outputs of a failed job, and
 # resuming needs it; one left by other training settings is dropped (--drop-stale-state).
 #

@@ -5,7 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
-_RUN_FILES = ("config.json", "config.yaml", "summary.json", "metrics.jsonl")
+_RUN_FILES = ("loopscale.json", "config.json", "config.yaml", "summary.json", "metrics.jsonl")
 
 
 def find_run_dirs(paths: list[str]) -> list[Path]:

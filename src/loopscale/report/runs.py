@@ -1,7 +1,7 @@
 """Reading run directories: config, status, validation, training log and diagnostics.
 
 Nothing here trusts the directory layout: the condition, size and seed come from the run's
-own `config.json` (or `config.yaml` when a run crashed before writing it). A missing or
+own `loopscale.json` (`config.json` in runs written before it; `config.yaml` when a run crashed before writing it). A missing or
 broken file never raises; it turns into a status ("failed", "missing") or an empty value.
 """
 from __future__ import annotations
@@ -154,7 +154,9 @@ def _read_jsonl(path: Path) -> list:
 def load_run(path: str | os.PathLike) -> Run:
     """Read one run directory; never raises for missing or broken files."""
     path = Path(path)
-    cj = _read_json(path / "config.json")
+    cj = _read_json(path / "loopscale.json")  # the run record (config.json before that layout)
+    if not (isinstance(cj, dict) and isinstance(cj.get("config"), dict)):
+        cj = _read_json(path / "config.json")
     config, env, data = {}, {}, {}
     if isinstance(cj, dict) and isinstance(cj.get("config"), dict):
         config, env, data = cj["config"], cj.get("env") or {}, cj.get("data") or {}
