@@ -98,8 +98,12 @@ def test_the_cli_converts_with_no_flags(tmp_path, capsys):
     assert main(["convert-paper", str(ckpt), "--out", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out
     assert out.startswith(f"converted {ckpt}") and "readout" in out and "recurrence" in out
-    info = json.loads((tmp_path / "run" / "config.json").read_text())
+    info = json.loads((tmp_path / "run" / "loopscale.json").read_text())
     assert info["converted_from"]["official_config"] == torch.load(ckpt, weights_only=True)["config"]
+    assert json.loads((tmp_path / "run" / "config.json").read_text())["model_type"] == "loopscale"  # HF config
+    import loopscale
+    model, _, _ = loopscale.load(tmp_path / "run")  # the converted run loads, verified
+    assert model.cfg.recurrence == info["config"]["model"]["recurrence"]
 
 
 # ---------------------------------------------------------------------------
@@ -301,7 +305,8 @@ def test_an_existing_run_is_refused_unless_forced(tmp_path, capsys):
     assert (run / "model.pt").read_bytes() == before and (run / "eval" / "depth.json").exists()
     assert main(["convert-paper", str(CHECKPOINTS[-1]), "--out", str(run), "--force"]) == 0
     assert not (run / "eval").exists() and not (run / "summary.json").exists()  # nothing of the old run stays
-    assert json.loads((run / "config.json").read_text())["converted_from"]["checkpoint"] == str(CHECKPOINTS[-1].resolve())
+    assert json.loads((run / "loopscale.json").read_text())["converted_from"]["checkpoint"] == \
+        str(CHECKPOINTS[-1].resolve())
 
 
 def test_force_replaces_runs_only(tmp_path, capsys):
@@ -369,3 +374,20 @@ def test_the_exit_gate_kept_on_request_matches_the_official_gate(ckpt):
         torch.testing.assert_close(model.exit_pdf(states), ref["exit_pdf"], rtol=0, atol=1e-6)
         sq = torch.stack([h.pow(2).mean() for h in states])
         torch.testing.assert_close(sq, ref["all_hidden_norms_sq"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("ckpt", CHECKPOINTS, ids=[p.parent.name for p in CHECKPOINTS])
+def test_every_converted_run_loads_verified_with_the_same_logits(ckpt, tmp_path):
+    """The run convert-paper writes (the artifact layout, buffers such as the alpha readout's
+    EMA count and TaperNorm's flag included) passes loopscale.load's checks unchanged."""
+    import loopscale
+    from loopscale.convert import convert_paper, load_official
+    convert_paper(ckpt, tmp_path / "run")
+    model, _, _ = loopscale.load(tmp_path / "run")
+    ref, cfg, _, _ = load_official(ckpt)
+    x = torch.randint(0, cfg.model.vocab_size, (2, cfg.model.seq_len))
+    with torch.no_grad():
+        a, b = model(x), ref(x)
+        for k in range(cfg.model.n_loops):
+            final = k == cfg.model.n_loops - 1
+            assert torch.equal(model.logits(a[k], final, k=k + 1), ref.logits(b[k], final, k=k + 1))

@@ -63,6 +63,10 @@ LIMITS = {"vocab_size": 2**24, "d_model": 2**16, "d_ff": 2**18, "seq_len": 2**20
           "n_heads": 2**16, "n_loops": 10_000}
 MAX_HEADER_BYTES = 100 * 2**20  # a safetensors header of a loopscale model is a few kB
 FLOAT_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
+# integer and bool tensors a model may hold as buffers (the alpha readout's EMA step count,
+# TaperNorm's calibration flag); a weight must be float: check_header compares each key's
+# dtype with the model's own
+INT_DTYPES = {"I64": torch.int64, "BOOL": torch.bool}
 DTYPE_BYTES = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8, "I8": 1, "U8": 1, "BOOL": 1, "I16": 2, "U16": 2,
                "I32": 4, "U32": 4, "I64": 8, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
 # model architectures a run record may name (`arch`, default "looped": loopscale.model.LoopedLM)
@@ -341,7 +345,7 @@ def read_safetensors_header(path: Path) -> dict:
                 and isinstance(info.get("data_offsets"), list) and len(info["data_offsets"]) == 2
                 and all(isinstance(o, int) and not isinstance(o, bool) for o in info["data_offsets"])):
             raise CheckpointError(f"{path}: the header entry of {key!r} is malformed")
-        if info["dtype"] not in FLOAT_DTYPES:
+        if info["dtype"] not in FLOAT_DTYPES and info["dtype"] not in INT_DTYPES:
             raise CheckpointError(f"{path}: {key} is {info['dtype']}, not a float tensor (loopscale weights are float)")
         begin, end = info["data_offsets"]
         if not 0 <= begin <= end <= data_bytes or end - begin != math.prod(info["shape"]) * DTYPE_BYTES[info["dtype"]]:
@@ -351,9 +355,14 @@ def read_safetensors_header(path: Path) -> dict:
 
 def expected_shapes(m: ModelConfig) -> dict[str, tuple]:
     """Every tensor of LoopedLM(m) with its shape, from a meta-device model (no memory)."""
+    return {k: shape for k, (shape, _) in expected_tensors(m).items()}
+
+
+def expected_tensors(m: ModelConfig) -> dict[str, tuple]:
+    """Every tensor of LoopedLM(m): (shape, dtype), from a meta-device model (no memory)."""
     with torch.device("meta"):
         model = ARCHS["looped"](m)
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    return {k: (tuple(v.shape), v.dtype) for k, v in model.state_dict().items()}
 
 
 def check_header(header: dict, m: ModelConfig, path: Path, cfg_path: Path) -> None:
@@ -371,7 +380,8 @@ def check_header(header: dict, m: ModelConfig, path: Path, cfg_path: Path) -> No
     layers = {int(k.split(".")[1]) for k in shapes if k.startswith("blocks.") and k.split(".")[1].isdigit()}
     if len(layers) != m.n_layers:
         raise CheckpointError(f"{cfg_path} says model.n_layers={m.n_layers} but {path} holds {len(layers)} layers")
-    want = expected_shapes(m)
+    tensors = expected_tensors(m)
+    want = {k: shape for k, (shape, _) in tensors.items()}
     for key in sorted(set(want) | set(shapes)):
         if key not in shapes:
             raise CheckpointError(f"{path} lacks {key}, which config {cfg_path} (readout {m.readout}, "
@@ -382,6 +392,12 @@ def check_header(header: dict, m: ModelConfig, path: Path, cfg_path: Path) -> No
         if shapes[key] != want[key]:
             raise CheckpointError(f"{path}: {key} has shape {list(shapes[key])} but {cfg_path}'s model needs "
                                   f"{list(want[key])}")
+        dtype, model_dtype = header[key]["dtype"], tensors[key][1]
+        if model_dtype.is_floating_point != (dtype in FLOAT_DTYPES) or \
+                (not model_dtype.is_floating_point and INT_DTYPES.get(dtype) != model_dtype):
+            if model_dtype.is_floating_point:
+                raise CheckpointError(f"{path}: {key} is {dtype}, not a float tensor (loopscale weights are float)")
+            raise CheckpointError(f"{path}: {key} is {dtype}, but the model holds it as {model_dtype}")
 
 
 def read_weights(path: Path, header: dict) -> dict[str, torch.Tensor]:

@@ -65,9 +65,9 @@ from typing import Any, Optional
 import torch
 from tokenizers import Tokenizer
 
-from .artifacts import save_weights, write_tokenizer
+from .artifacts import write_run_files
 from .config import ConfigError, RunConfig, merge, parse_overrides
-from .io import CheckpointError, atomic_torch_save, atomic_write_json, run_environment, run_lock
+from .io import CheckpointError, atomic_torch_save, run_environment, run_lock
 from .model import LoopedLM
 
 MAX_CHECKPOINT_BYTES = 16 * 2**30  # what a checkpoint file may hold, inflated (a zip bomb stops here)
@@ -505,7 +505,8 @@ def _prepare_out(out: Path, force: bool) -> None:
     if not force:
         raise ConversionError(f"{out} already holds a run ({', '.join(sorted(p.name for p in entries)[:4])}); "
                               f"choose another --out or pass --force to replace it")
-    if not any((out / n).exists() for n in ("model.pt", "config.json", "summary.json", "model.safetensors")):
+    if not any((out / n).exists() for n in ("model.pt", "config.json", "loopscale.json", "summary.json",
+                                             "model.safetensors")):
         raise ConversionError(f"{out} is not empty and not a loopscale run; --force replaces runs only")
     for p in entries:  # every file of the old run: no old summary or eval beside the new weights
         if p.is_dir() and not p.is_symlink():
@@ -566,16 +567,16 @@ def convert_paper(checkpoint: str | Path, out_dir: str | Path, tokenizer_file: O
         raise ConversionError(f"--out {out} is a file or lies under one; choose another --out") from None
     with run_lock(out, "loopscale convert-paper"):
         _prepare_out(out, force)
-        write_tokenizer(out, tok_json, cfg.model.seq_len)
-        save_weights(out / "model.safetensors", model)
         atomic_torch_save(out / "model.pt", {"model": model.state_dict(), "config": cfg.to_dict(),
                                              "step": step if isinstance(step, int) and not isinstance(step, bool)
                                              else None, "status": "completed"})
-        atomic_write_json(out / "config.json", {  # last: a run with config.json is complete
+        # the artifact files of a run (tokenizer, loopscale.json, model.safetensors, the Hugging
+        # Face config.json last: a run with config.json is complete)
+        write_run_files(out, model, {
             "config": cfg.to_dict(), "env": run_environment("cpu"),
             "data": {"vocab_size": tok.get_vocab_size(with_added_tokens=True),
                      "tokenizer_sha256": hashlib.sha256(tok_json).hexdigest()},
-            "converted_from": record})
+            "converted_from": record}, tok_json)
     return record
 
 
