@@ -42,7 +42,7 @@ from tqdm.auto import tqdm
 
 from . import data as D
 from . import distributed as DD
-from .config import ConfigError, RunConfig
+from .config import RESULT_FREE, ConfigError, RunConfig
 from .evaluate import exit_losses
 from .io import (CheckpointError, atomic_torch_save, atomic_write_json, atomic_write_text,
                  load_checkpoint, run_environment, run_lock, weights_sha256)
@@ -80,7 +80,7 @@ class Preempted(RuntimeError):
 
 
 # settings a finished run's files do not depend on: a finished run is reused when only they change
-_RESULT_FREE = {"threads", "device", "compile", "activation_checkpointing", "ckpt_every", "tensorboard"}
+_RESULT_FREE = set(RESULT_FREE)
 
 
 def resume_comparable(cfg: dict, free=_RESUME_FREE) -> dict:

@@ -27,8 +27,10 @@ def find_run_dirs(paths: list[str]) -> list[Path]:
 
 
 def _runs(args):
-    from .runs import load_runs
-    return load_runs(find_run_dirs(args.runs))
+    from .runs import check_runs, load_runs
+    runs = load_runs(find_run_dirs(args.runs))
+    check_runs(runs)  # never average copies of one run, or runs of two experiments
+    return runs
 
 
 def cmd_tables(args) -> int:

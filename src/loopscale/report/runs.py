@@ -202,5 +202,57 @@ def load_runs(paths) -> list[Run]:
     return runs
 
 
+# -- which runs may be averaged ---------------------------------------------------------
+_SEED_FREE = ("seed",)  # with config.RESULT_FREE: what may differ between seeds of one experiment
+
+
+def experiment_key(config: dict) -> str:
+    """The run's config without its seed and the settings results do not depend on
+    (config.RESULT_FREE; the evaluation settings): equal for the seeds of one experiment."""
+    from ..config import RESULT_FREE
+    d = json.loads(json.dumps(config, default=str))
+    d.pop("eval", None)
+    train = d.get("train") if isinstance(d.get("train"), dict) else {}
+    for k in (*RESULT_FREE, *_SEED_FREE):
+        train.pop(k, None)
+    return json.dumps(d, sort_keys=True)
+
+
+def _first_difference(a: dict, b: dict, where: str = "") -> str:
+    """The first setting (dotted) where two config dicts differ, with both values."""
+    for k in sorted(set(a) | set(b), key=str):
+        va, vb = a.get(k), b.get(k)
+        if va == vb:
+            continue
+        if isinstance(va, dict) and isinstance(vb, dict):
+            return _first_difference(va, vb, f"{where}{k}.")
+        return f"{where}{k} {va!r} vs {vb!r}"
+    return "?"
+
+
+def check_runs(runs: list[Run]) -> None:
+    """Refuse, in one ConfigError naming both runs, what must never be averaged: two runs of one
+    (size, condition, seed) (copies of one run would count as two seeds, ± 0), or runs in one
+    table row that are not seeds of one experiment (e.g. 20 and 1,500 steps). Runs without a
+    readable config are not checked (they are listed, never averaged)."""
+    from ..config import ConfigError
+    seen: dict = {}
+    groups: dict = {}
+    for r in runs:
+        if not r.config:
+            continue
+        row = f"{r.condition.label} [{r.size.label}]"
+        key = (r.size, r.condition, str(r.seed))
+        if key in seen:
+            raise ConfigError(f"runs {seen[key].path} and {r.path} are both {row} seed {r.seed}: two copies of "
+                              f"one run would be averaged as two seeds; give the report only one of them")
+        seen[key] = r
+        first = groups.setdefault((r.size, r.condition), r)
+        if experiment_key(first.config) != experiment_key(r.config):
+            diff = _first_difference(json.loads(experiment_key(first.config)), json.loads(experiment_key(r.config)))
+            raise ConfigError(f"runs {first.path} and {r.path} ({row}) are not seeds of one experiment "
+                              f"({diff}); report each experiment's runs separately")
+
+
 def finite(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
