@@ -56,7 +56,12 @@ def cmd_prepare_data(args) -> int:
         if not Path(args.tokenizer).is_file():
             raise FileNotFoundError(f"tokenizer file {args.tokenizer} not found")
         from tokenizers import Tokenizer
-        tok = Tokenizer.from_file(args.tokenizer)
+        raw = Path(args.tokenizer).read_bytes()  # unreadable: the file system's one line
+        try:
+            tok = Tokenizer.from_str(raw.decode("utf-8"))
+        except Exception as e:  # not UTF-8, not JSON, not a tokenizers schema
+            first = (str(e).splitlines() or [type(e).__name__])[0][:160]
+            raise D.DataError(f"tokenizer file {args.tokenizer} is not a tokenizers JSON file ({first})") from None
     meta = D.prepare_data(cfg.data, args.out, tokenizer=tok)
     print(json.dumps({k: meta.get(k) for k in ("vocab_size", "tokens")}))
     return 0
@@ -96,6 +101,23 @@ def cmd_params(args) -> int:
     cfg = config_from_args(args)
     print(f"{count_params(cfg.model):,}")
     return 0
+
+
+def check_common_args(args) -> None:
+    """The arguments several commands share, bounded once for all of them: --threads (torch
+    segfaults on 100,000), --seed (torch and numpy take a non-negative int64), --device."""
+    import re
+
+    from .config import DEVICES, MAX_THREADS, SEED, THREADS
+    threads = getattr(args, "threads", None)
+    if threads is not None and threads not in THREADS:
+        raise ConfigError(f"--threads must be in [0, {MAX_THREADS}] (0: torch's default), got {threads}")
+    seed = getattr(args, "seed", None)
+    if seed is not None and seed not in SEED:
+        raise ConfigError(f"--seed must be an integer {SEED}, got {seed}")
+    device = getattr(args, "device", None)
+    if device is not None and not re.fullmatch(r"(auto|cpu|mps|cuda(:\d+)?)", str(device)):
+        raise ConfigError(f"unknown --device {device!r}; choose {', '.join(DEVICES)} (or cuda:N)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -151,6 +173,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
                         datefmt="%Y-%m-%d %H:%M:%S", stream=sys.stderr)
     try:
+        check_common_args(args)
         return args.func(args) or 0
     except (ConfigError, DataError, CheckpointError, RunLocked) as e:
         print(f"loopscale: error: {e}", file=sys.stderr)

@@ -322,6 +322,32 @@ def _clean_leftovers(out: Path) -> None:
             tmp.unlink(missing_ok=True)
 
 
+def _run_outputs(out: Path) -> list[Path]:
+    """What a finished run writes beside its training state: the outputs of training
+    (model.pt, summary.json, the artifact files) and of its evaluations (eval/<diagnostic>.json)."""
+    from .artifacts import TOKENIZER_FILES, WEIGHTS
+    from .registry import DIAGNOSTICS
+    names = ["summary.json", "model.pt", WEIGHTS, *TOKENIZER_FILES, *(d.file for d in DIAGNOSTICS.values())]
+    return [out / n for n in names]
+
+
+def _invalidate_outputs(out: Path, fresh: bool) -> None:
+    """Before training starts or resumes, remove what an earlier run of this directory left:
+    a run that trains is unfinished, so every finished-run file there is another run's (a
+    retrain with new settings, --no-resume, a resumed state after a kill), and must never sit
+    beside the new config.json looking "completed" (a kill or SIGTERM mid-run). Only the named
+    files go (summary.json first); a fresh start also drops tensorboard/ and config.json."""
+    for p in _run_outputs(out):
+        p.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        (out / "eval").rmdir()  # only when empty: it may hold files that are not ours
+    if fresh:
+        (out / "config.json").unlink(missing_ok=True)
+        if (out / "tensorboard").is_dir():
+            import shutil
+            shutil.rmtree(out / "tensorboard", ignore_errors=True)
+
+
 def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: bool = True,
           progress: bool = True) -> dict:
     """Train one run; returns the summary dict (also written to summary.json).
@@ -377,10 +403,13 @@ def _train(cfg: RunConfig, data_dir: str | Path, out: Path, *, resume: bool, pro
     if resume and state_path.exists():
         step, elapsed_before = _resume(state_path, cfg, model, opt, device, total_steps, dd)
         if main:
+            _invalidate_outputs(out, fresh=False)
             _metrics_upto(metrics_path, step)
             logger.info("resuming from %s at step %d/%d", state_path, step, total_steps)
-    elif metrics_path.exists() and main:
-        metrics_path.unlink()
+    elif main:
+        _invalidate_outputs(out, fresh=True)  # a run that starts over: nothing of the old one stays
+        state_path.unlink(missing_ok=True)
+        metrics_path.unlink(missing_ok=True)
     DD.barrier(dd)  # rank 0 has read or dropped the old files before it writes new ones
 
     # the data's identity travels with every checkpoint, so a model file copied on its own is
@@ -390,7 +419,8 @@ def _train(cfg: RunConfig, data_dir: str | Path, out: Path, *, resume: bool, pro
         env = run_environment(str(device))
         if dd.enabled:
             env["distributed"] = {"world_size": dd.world, "fsdp": tc.fsdp, "backend": torch.distributed.get_backend()}
-        atomic_write_json(out / "config.json", {"config": cfg.to_dict(), "env": env, "data": data_record})
+        run_record = {"config": cfg.to_dict(), "env": env, "data": data_record}
+        atomic_write_json(out / "config.json", run_record)  # provenance while it trains
 
     def model_record(weights: dict) -> dict:
         return {"model": weights, "weights_sha256": weights_sha256(weights), "data": data_record}
@@ -503,7 +533,8 @@ def _train(cfg: RunConfig, data_dir: str | Path, out: Path, *, resume: bool, pro
                                              "step": step, "status": status})
         from .artifacts import write_artifacts  # model.safetensors + tokenizer files (artifacts.py)
         write_artifacts(out, DD.plain_model(model, weights, dd, tc.fsdp), cfg, data_dir)
-        atomic_write_json(out / "summary.json", summary)
+        atomic_write_json(out / "config.json", run_record)  # the artifact config, after its weights
+        atomic_write_json(out / "summary.json", summary)  # last: the run is finished
         state_path.unlink(missing_ok=True)
     DD.barrier(dd)  # no rank reports the run finished before its files exist
     return summary
