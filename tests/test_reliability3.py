@@ -110,7 +110,7 @@ def test_runs_of_two_experiments_in_one_row_are_refused(tmp_path, capsys):
     rc, err = run_cli(capsys, "report", "tables", "--runs", tmp_path, "--out", tmp_path / "out")
     one_line_error(rc, err, "not seeds of one experiment", "train.max_steps", "20", "1500")
     assert not (tmp_path / "out").exists()
-    rc, err = run_cli(capsys, "report", "write", "--runs", tmp_path, "--results", tmp_path / "out",
+    rc, err = run_cli(capsys, "report", "write", "--runs", tmp_path, "--results", tmp_path,
                       "--out", tmp_path / "REPORT.md")
     one_line_error(rc, err, "not seeds of one experiment")
     assert not (tmp_path / "REPORT.md").exists()
@@ -283,3 +283,75 @@ def test_prepare_data_refuses_a_tokenizer_with_non_contiguous_ids(tmp_path, caps
     rc, err = run_cli(capsys, *_text_files_args(tmp_path, tmp_path / "train.txt"), "--tokenizer", tmp_path / "tok.json")
     one_line_error(rc, err, "not contiguous", "id 6")
     assert not (tmp_path / "data").exists()
+
+
+# ---------------------------------------------------------------------------
+# report: a mistyped value marks its run's file, never crashes the grid
+# ---------------------------------------------------------------------------
+def _edit(path: Path, change) -> None:
+    d = json.loads(path.read_text())
+    change(d)
+    path.write_text(json.dumps(d, allow_nan=True))
+
+
+def _grid(root: Path) -> Path:
+    a = make_run(root, seed=1)
+    make_run(root, seed=2)
+    make_run(root, readout="raw", seed=1)
+    return a
+
+
+@pytest.mark.parametrize("file, change, words", [
+    ("eval/depth.json", lambda d: d["exits"][-1].update(norm="big"), "exits[2].norm is 'big', not a number"),
+    ("eval/depth.json", lambda d: d["exits"][-1].update(ce=[1, 2]), "exits[2].ce is a list"),
+    ("eval/depth.json", lambda d: d["exits"][-1].update(ppl=float("nan")), "exits[2].ppl is NaN"),
+    ("eval/depth.json", lambda d: d["exits"][-1].update(norm=-5.0), "exits[2].norm is negative"),
+    ("eval/norms.json", lambda d: d["loops"][0].update(k="one"), "loops[0].k is 'one'"),
+    ("eval/norms.json", lambda d: d["final"].update(p99="x"), "final.p99 is 'x'"),
+    ("eval/radial.json", lambda d: d["loops"][0].update(radial_fraction=[1]), "radial_fraction is a list"),
+    ("summary.json", lambda d: d["validation"].update(val_norm="x"), "validation.val_norm is 'x'"),
+    ("summary.json", lambda d: d["validation"].update(val_ce=[1.0, float("nan"), 2.0]), "val_ce[1] is NaN"),
+])
+def test_a_mistyped_metric_marks_its_run_and_says_so(tmp_path, capsys, file, change, words):
+    a = _grid(tmp_path / "runs")
+    if file == "summary.json":
+        (a / "eval" / "depth.json").unlink()  # the summary's values would be the ones used
+    _edit(a / file, change)
+    rc, err = run_cli(capsys, "report", "tables", "--runs", tmp_path / "runs", "--out", tmp_path / "out")
+    assert rc == 0, err
+    runs_md = (tmp_path / "out" / "runs.md").read_text()
+    row = next(l for l in runs_md.splitlines() if "seed1" in l and "RMSNorm" in l)
+    assert "malformed" in row and words in row, row
+    assert words in (tmp_path / "out" / "claims.md").read_text()
+    import pandas as pd
+    main = pd.read_csv(tmp_path / "out" / "main.csv")
+    rms = main[main["condition_id"] == "rmsnorm-per_loop-none-residual"].iloc[0]
+    if file in ("eval/depth.json", "summary.json"):  # the bad run's final exit counts nowhere
+        assert rms["ppl_K_n"] == 1 and rms["norm_K_n"] == 1
+
+
+def test_an_empty_depth_json_is_unreadable_and_not_replaced_by_the_summary(tmp_path, capsys):
+    a = _grid(tmp_path / "runs")
+    (a / "eval" / "depth.json").write_text("")
+    rc, err = run_cli(capsys, "report", "tables", "--runs", tmp_path / "runs", "--out", tmp_path / "out")
+    assert rc == 0, err
+    main_md = (tmp_path / "out" / "main.md").read_text()
+    assert "eval/depth.json is unusable" in main_md and "seed 1 (unreadable)" in main_md
+    row = next(l for l in (tmp_path / "out" / "runs.md").read_text().splitlines() if "seed1" in l and "RMSNorm" in l)
+    assert "unreadable: depth" in row and "empty" in row and "missing: depth" not in row
+
+
+def test_report_write_refuses_an_unknown_experiment_or_missing_results(tmp_path, capsys):
+    _grid(tmp_path / "runs")
+    (tmp_path / "res").mkdir()
+    out = tmp_path / "REPORT.md"
+    rc, err = run_cli(capsys, "report", "write", "--runs", tmp_path / "runs", "--results", tmp_path / "res",
+                      "--params", REPO / "params.yaml", "--experiment", "nope", "--out", out)
+    one_line_error(rc, err, "no experiment 'nope'")
+    rc, err = run_cli(capsys, "report", "write", "--runs", tmp_path / "runs", "--results", tmp_path / "missing",
+                      "--out", out)
+    one_line_error(rc, err, "results directory", "not found")
+    assert not out.exists()
+    rc, err = run_cli(capsys, "report", "write", "--runs", tmp_path / "runs", "--results", tmp_path / "res",
+                      "--params", REPO / "params.yaml", "--experiment", "smoke", "--out", out)
+    assert rc == 0 and out.exists(), err

@@ -56,7 +56,11 @@ def cmd_figures(args) -> int:
 def cmd_write(args) -> int:
     from ..io import atomic_write_text
     from .write import load_params, report_markdown
+    from ..config import ConfigError
     params = load_params(args.params, args.experiment)
+    if not Path(args.results).is_dir():  # the tables the report links: without them it would link nothing
+        raise ConfigError(f"results directory {args.results} not found: write the tables first "
+                          f"(loopscale report tables --out {args.results})")
     runs = _runs(args)
     text = report_markdown(runs, Path(args.results), Path(args.out), experiment=args.experiment or "",
                            params=params, figures_dir=Path(args.figures) if args.figures else None)
