@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -812,3 +813,32 @@ def test_a_killed_snakemake_needs_unlock_before_rerun_incomplete(tmp_path):
     smk(repo, "--unlock", *SMOKE)
     smk(repo, "--cores", "1", "--rerun-incomplete", *SMOKE, *target)
     assert (repo / "data" / "smoke" / "meta.json").is_file()
+
+
+@pytest.mark.slow
+def test_snakemake_interrupted_alone_never_retrains_a_finished_run(tmp_path):
+    """SIGINT to the snakemake process alone (not its group): Snakemake waits for the running
+    training job, which finishes, then records it incomplete; `--rerun-incomplete` deletes its
+    model.pt and summary.json and reruns it, and the run is put back, not retrained."""
+    repo = copy_worktree(tmp_path / "repo")
+    edit_params(repo, lambda p: p["experiments"]["smoke"]["train"].update(max_steps=300))
+    exps = P.load_and_validate(repo / "params.yaml", SCHEMA, overrides={"experiment": "smoke"})[1]
+    run_dir = repo / exps["smoke"].runs[0].dir
+    target = str(run_dir.relative_to(repo) / "model.pt")
+    proc = subprocess.Popen([SNAKEMAKE, target, "--cores", "1", *SMOKE], cwd=repo, env=pipeline_env(repo),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    t0 = time.monotonic()
+    while not (run_dir / "config.json").exists():  # the training job has started
+        assert proc.poll() is None and time.monotonic() - t0 < 300, proc.stdout.read()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out = proc.communicate(timeout=600)[0]
+    assert proc.returncode != 0 and "Terminating processes on user request" in out, out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 300  # the job ran to its end
+    model = (run_dir / "model.pt").read_bytes()
+    again = smk(repo, target, "--cores", "1", "--rerun-incomplete", *SMOKE)
+    assert "ncomplete" in again.stdout + again.stderr  # Snakemake did see it as incomplete
+    log = (repo / "logs" / run_dir.relative_to(repo / "runs") / "train.log").read_text()
+    assert "kept the finished run" in log and "done:" not in log, log  # restored, not trained again
+    assert (run_dir / "model.pt").read_bytes() == model

@@ -355,3 +355,72 @@ def test_report_write_refuses_an_unknown_experiment_or_missing_results(tmp_path,
     rc, err = run_cli(capsys, "report", "write", "--runs", tmp_path / "runs", "--results", tmp_path / "res",
                       "--params", REPO / "params.yaml", "--experiment", "smoke", "--out", out)
     assert rc == 0 and out.exists(), err
+
+
+# ---------------------------------------------------------------------------
+# signals: a finished run is never retrained, an orphan trainer never outlives snakemake
+# ---------------------------------------------------------------------------
+def _digest(run: Path) -> dict:
+    import hashlib
+    return {n: hashlib.sha256((run / n).read_bytes()).hexdigest() for n in ("model.pt", "summary.json")}
+
+
+def test_a_finished_run_whose_outputs_snakemake_deleted_is_kept(finished_run, smoke_data, caplog):
+    from loopscale.config import preset
+    from loopscale.train import train
+    cfg = preset("smoke", {"train": {"threads": 1, "max_steps": 10, "log_every": 5}})
+    before = _digest(finished_run)
+    (finished_run / "model.pt").unlink()  # what --rerun-incomplete does to a job it thinks unfinished
+    (finished_run / "summary.json").unlink()
+    t0 = time.time()
+    with caplog.at_level("INFO", logger="loopscale.train"):
+        s = train(cfg, smoke_data, finished_run, progress=False)
+    assert s["status"] == "completed" and _digest(finished_run) == before
+    assert "kept the finished run" in caplog.text
+    assert (finished_run / "model.pt").stat().st_mtime >= t0 - 1  # newer than the job's inputs
+
+
+def test_only_a_finished_run_of_the_same_settings_is_kept(finished_run, smoke_data):
+    from loopscale.config import preset
+    from loopscale.train import train
+    (finished_run / "model.pt").unlink()
+    (finished_run / "summary.json").unlink()
+    other = preset("smoke", {"train": {"threads": 1, "max_steps": 6, "log_every": 5}})
+    s = train(other, smoke_data, finished_run, progress=False)
+    assert s["steps"] == 6
+    # a deleted model.pt alone (summary.json still there) retrains, as documented
+    (finished_run / "model.pt").unlink()
+    s = train(other, smoke_data, finished_run, progress=False)
+    assert s["steps"] == 6 and json.loads((finished_run / "summary.json").read_text())["steps"] == 6
+
+
+PARENT = """
+import subprocess, sys, time
+child = subprocess.Popen(sys.argv[1:])
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_trainer_stops_when_its_parent_is_killed(smoke_data, tmp_path, cli_env):
+    run = tmp_path / "run"
+    cmd = _train_cmd(smoke_data, run, "--set", "train.max_steps=100000", "--stop-with-parent")
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, *cmd], env=cli_env, stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    _wait_for_state(run, parent)
+    parent.kill()  # SIGKILL: the parent gets no chance to stop its child
+    parent.wait()
+    t0 = time.time()
+    while time.time() - t0 < 30:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(child, signal.SIGKILL)
+        pytest.fail("the trainer outlived its parent")
+    from loopscale.io import load_checkpoint, run_lock
+    assert load_checkpoint(run / "state.pt")["step"] > 0  # stopped as on SIGTERM: resumable
+    with run_lock(run, "test"):  # and its lock is free
+        pass

@@ -73,6 +73,9 @@ def cmd_train(args) -> int:
     from .io import CheckpointError, RunLocked
     from .train import Preempted, record_failure, train
     cfg = config_from_args(args)
+    if args.stop_with_parent:
+        from .train import stop_with_parent
+        stop_with_parent()
     if args.drop_stale_state:
         from .pipeline import drop_stale_state
         drop_stale_state(args.out, cfg)
@@ -147,6 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on a crash, write summary.json with status 'failed' and exit 0 (pipeline use)")
     p.add_argument("--drop-stale-state", action="store_true",
                    help="delete a state.pt written with other training settings instead of refusing it (pipeline use)")
+    p.add_argument("--stop-with-parent", action="store_true",
+                   help="stop as on SIGTERM (checkpoint, exit 143) when the parent process dies (pipeline use)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("params", help="print the parameter count")

@@ -222,6 +222,22 @@ class _SigtermFlag:
             signal.signal(signal.SIGTERM, self._old)
 
 
+def stop_with_parent(poll_s: float = 0.5) -> None:
+    """End this process the way a preemption does (SIGTERM: a last state.pt, exit 143) when its
+    parent dies: a pipeline job started by `exec` from Snakemake then never outlives a
+    snakemake that was killed (even with SIGKILL), so no orphan trainer holds the run's lock or
+    writes into a log the next attempt truncates. A daemon thread watching the parent pid
+    (portable; Linux's PR_SET_PDEATHSIG would fire when the parent's *thread* ends)."""
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        logger.info("parent process %d ended: stopping as on SIGTERM", parent)
+        os.kill(os.getpid(), signal.SIGTERM)
+    threading.Thread(target=watch, name="loopscale-parent-watch", daemon=True).start()
+
+
 def _metrics_upto(path: Path, step: int) -> None:
     """Drop log records past `step` (written after the checkpoint a resume starts from)."""
     if not path.exists():
@@ -285,6 +301,8 @@ def record_failure(cfg: RunConfig, out_dir: str | Path, error: BaseException) ->
                                                    "error": summary["error"]})
     from .artifacts import WEIGHTS
     (Path(out_dir) / WEIGHTS).unlink(missing_ok=True)  # weights of an earlier run: not this run's
+    for kept in _KEPT.values():  # nor its finished model.pt / summary.json
+        (Path(out_dir) / kept).unlink(missing_ok=True)
     atomic_write_json(Path(out_dir) / "summary.json", summary)
     return summary
 
@@ -331,13 +349,58 @@ def _run_outputs(out: Path) -> list[Path]:
     return [out / n for n in names]
 
 
+# A finished run keeps a second name (a hard link: no second copy) of model.pt and summary.json.
+# Snakemake deletes a job's outputs before rerunning it as "incomplete", also when the job in
+# fact finished (snakemake alone interrupted with Ctrl-C or SIGINT waits for the running job,
+# then records it incomplete, and `--rerun-incomplete` deletes the finished model.pt): with both
+# files gone and these names holding a finished run of the same settings, the run is restored,
+# never retrained from step 0.
+_KEPT = {"model.pt": ".finished.model.pt", "summary.json": ".finished.summary.json"}
+
+
+def _keep_finished(out: Path) -> None:
+    """Second names for a finished run's model.pt and summary.json (skipped where the file
+    system has no hard links)."""
+    for name, kept in _KEPT.items():
+        (out / kept).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            os.link(out / name, out / kept)
+
+
+def _restore_finished(out: Path, cfg: RunConfig) -> bool:
+    """Put back a finished run of these settings whose model.pt and summary.json were both
+    deleted (see _KEPT); True when it did. Anything else the second names hold is dropped."""
+    if any((out / n).exists() for n in _KEPT) or not all((out / k).is_file() for k in _KEPT.values()):
+        return False
+    try:
+        summary = json.loads((out / _KEPT["summary.json"]).read_text())
+        same = (isinstance(summary, dict) and summary.get("status") in ("completed", "diverged")
+                and summary.get("result_fingerprint") == result_fingerprint(cfg))
+    except (OSError, ValueError):
+        same = False
+    if not same:
+        for kept in _KEPT.values():
+            (out / kept).unlink(missing_ok=True)
+        return False
+    now = time.time()
+    for name, kept in _KEPT.items():  # model.pt first: summary.json, last, says the run is finished
+        tmp = out / f".{name}.restore.tmp"
+        tmp.unlink(missing_ok=True)
+        os.link(out / kept, tmp)
+        os.utime(tmp, (now, now))  # newer than its inputs, as a just-finished job's outputs are
+        os.replace(tmp, out / name)
+    logger.info("%s: kept the finished run (its model.pt and summary.json had been deleted, e.g. by "
+                "snakemake --rerun-incomplete after an interrupt); train with --no-resume to retrain it", out)
+    return True
+
+
 def _invalidate_outputs(out: Path, fresh: bool) -> None:
     """Before training starts or resumes, remove what an earlier run of this directory left:
     a run that trains is unfinished, so every finished-run file there is another run's (a
     retrain with new settings, --no-resume, a resumed state after a kill), and must never sit
     beside the new config.json looking "completed" (a kill or SIGTERM mid-run). Only the named
     files go (summary.json first); a fresh start also drops tensorboard/ and config.json."""
-    for p in _run_outputs(out):
+    for p in [*(out / k for k in _KEPT.values()), *_run_outputs(out)]:
         p.unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         (out / "eval").rmdir()  # only when empty: it may hold files that are not ours
@@ -363,6 +426,8 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
     with run_lock(out, "loopscale train") if main else contextlib.nullcontext():
         if main:
             _clean_leftovers(out)
+        if resume:
+            _restore_finished(out, cfg)
         done = _finished_summary(out, cfg) if resume else None
         if done is not None:  # these very settings are already trained: keep the run untouched
             (out / "state.pt").unlink(missing_ok=True)  # a kill between model.pt and its removal
@@ -535,6 +600,7 @@ def _train(cfg: RunConfig, data_dir: str | Path, out: Path, *, resume: bool, pro
         write_artifacts(out, DD.plain_model(model, weights, dd, tc.fsdp), cfg, data_dir)
         atomic_write_json(out / "config.json", run_record)  # the artifact config, after its weights
         atomic_write_json(out / "summary.json", summary)  # last: the run is finished
+        _keep_finished(out)
         state_path.unlink(missing_ok=True)
     DD.barrier(dd)  # no rank reports the run finished before its files exist
     return summary
