@@ -424,3 +424,27 @@ def test_the_trainer_stops_when_its_parent_is_killed(smoke_data, tmp_path, cli_e
     assert load_checkpoint(run / "state.pt")["step"] > 0  # stopped as on SIGTERM: resumable
     with run_lock(run, "test"):  # and its lock is free
         pass
+
+
+@pytest.mark.parametrize("error", ["DistBackendError", "gloo"])
+def test_a_lost_peer_rank_fails_the_job_and_is_never_recorded(tmp_path, smoke_data, monkeypatch, error):
+    import torch.distributed as dist
+
+    import loopscale.train as T
+
+    def lost(*a, **k):
+        if error == "gloo":
+            raise RuntimeError("[gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:4711")
+        raise dist.DistBackendError("NCCL communicator was aborted on rank 0")
+    monkeypatch.setattr(T, "train", lost)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(RuntimeError):
+        cli.main(["train", *SMOKE, "--data", str(smoke_data), "--out", str(tmp_path / "run"), "--record-failure"])
+    assert not (tmp_path / "run" / "summary.json").exists()
+    # a crash of the run itself is still its result
+    monkeypatch.setattr(T, "train", lambda *a, **k: (_ for _ in ()).throw(ValueError("a bug")))
+    (tmp_path / "run").mkdir()
+    assert cli.main(["train", *SMOKE, "--data", str(smoke_data), "--out", str(tmp_path / "run"),
+                     "--record-failure"]) == 0
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "failed"

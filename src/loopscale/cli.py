@@ -71,7 +71,7 @@ def cmd_train(args) -> int:
     from .data import DataError
     from .distributed import env_world
     from .io import CheckpointError, RunLocked
-    from .train import Preempted, record_failure, train
+    from .train import Preempted, lost_peer, record_failure, train
     cfg = config_from_args(args)
     if args.stop_with_parent:
         from .train import stop_with_parent
@@ -88,8 +88,11 @@ def cmd_train(args) -> int:
     except Exception as e:
         if not args.record_failure:
             raise
-        if env_world()[0] != 0:  # under torchrun only rank 0 records a failure; another rank's
-            raise                # crash fails the job (torchrun stops the others; a retry resumes)
+        rank, world = env_world()[:2]
+        if rank != 0:  # under torchrun only rank 0 records a failure; another rank's
+            raise      # crash fails the job (torchrun stops the others; a retry resumes)
+        if lost_peer(e, world):  # ... also where rank 0 sees it first, as a broken collective
+            raise
         summary = record_failure(cfg, args.out, e)
         print(f"loopscale: run failed and was recorded as failed in {args.out}/summary.json: "
               f"{summary['error']}", file=sys.stderr)

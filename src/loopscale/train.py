@@ -29,6 +29,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -280,6 +281,20 @@ def _resume(path: Path, cfg: RunConfig, model, opt, device, total_steps: int, dd
         what = f"missing {e}" if isinstance(e, KeyError) else (str(e).splitlines() or [type(e).__name__])[0][:160]
         raise CheckpointError(f"checkpoint {path} is malformed ({what}); {again}") from None
     return step, elapsed
+
+
+_PEER_LOST = re.compile(r"gloo|nccl|connection (closed|reset) by peer|broken pipe|processgroup|rendezvous|"
+                        r"timed out .*(collective|store)", re.I)
+
+
+def lost_peer(error: BaseException, world: int) -> bool:
+    """Whether a training error under torchrun came from the other ranks (a lost peer, a
+    broken collective), not from this run: the job then fails and its retry resumes from
+    state.pt; it is never recorded as the run's result (--record-failure)."""
+    if world <= 1:
+        return False
+    dist_error = getattr(torch.distributed, "DistError", ())
+    return isinstance(error, dist_error) or (isinstance(error, RuntimeError) and bool(_PEER_LOST.search(str(error))))
 
 
 def record_failure(cfg: RunConfig, out_dir: str | Path, error: BaseException) -> dict:
