@@ -448,3 +448,13 @@ def test_a_lost_peer_rank_fails_the_job_and_is_never_recorded(tmp_path, smoke_da
     assert cli.main(["train", *SMOKE, "--data", str(smoke_data), "--out", str(tmp_path / "run"),
                      "--record-failure"]) == 0
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["status"] == "failed"
+
+
+def test_seeds_trained_before_a_setting_existed_are_still_one_experiment(tmp_path, capsys):
+    a = make_run(tmp_path / "e", seed=1)
+    make_run(tmp_path / "e", seed=2)
+    cj = json.loads((a / "config.json").read_text())
+    del cj["config"]["objective"]["ce_impl"]  # written by a version without it: its default then
+    (a / "config.json").write_text(json.dumps(cj))
+    rc, err = run_cli(capsys, "report", "tables", "--runs", tmp_path, "--out", tmp_path / "out")
+    assert rc == 0, err

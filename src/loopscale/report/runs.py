@@ -304,8 +304,11 @@ _SEED_FREE = ("seed",)  # with config.RESULT_FREE: what may differ between seeds
 def experiment_key(config: dict) -> str:
     """The run's config without its seed and the settings results do not depend on
     (config.RESULT_FREE; the evaluation settings): equal for the seeds of one experiment."""
-    from ..config import RESULT_FREE
-    d = json.loads(json.dumps(config, default=str))
+    from ..config import RESULT_FREE, RunConfig
+    try:  # settings added since a run was trained take their defaults, as when it trained
+        d = RunConfig.from_checkpoint(config).to_dict()
+    except Exception:  # not a valid config: compared as written
+        d = json.loads(json.dumps(config, default=str))
     d.pop("eval", None)
     train = d.get("train") if isinstance(d.get("train"), dict) else {}
     for k in (*RESULT_FREE, *_SEED_FREE):
