@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from .config import BENCH_PRESETS, RunConfig, merge, preset
+from .config import BENCH_PRESETS, ConfigError, RunConfig, merge, preset
 from .evaluate import depth_ce
 from .model import count_params, flops_per_token
 from .objective import compute_loss
@@ -536,6 +536,10 @@ def cmd_bench(args) -> int:
     if args.generate:  # generation speed of a trained run (generate.py)
         from .generate import bench_generation_cli
         return bench_generation_cli(args.generate, args.new_tokens, args.device or "cpu", args.threads, args.out)
+    for flag, v, lo in (("--steps", args.steps, 1), ("--warmup", args.warmup, 0),
+                        ("--eval-batches", args.eval_batches, 1), ("--eval-warmup", args.eval_warmup, 0)):
+        if v < lo:
+            raise ConfigError(f"{flag} must be >= {lo}, got {v}")
     if args.preset in BENCH_PRESETS and not args.config:
         cfg = bench_config(args.preset, parse_overrides(args.overrides) if args.overrides else None)
     else:

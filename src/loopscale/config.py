@@ -313,6 +313,25 @@ class BoundedLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
         _expanded_size(node, {})
         return super().construct_document(node)
 
+    def construct_mapping(self, node, deep=False):
+        """A mapping whose keys are unique: a key given twice (a copy-pasted block) is refused,
+        never resolved "last wins". Keys a `<<:` merge brings in may still be overridden."""
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                key = self.construct_object(key_node)
+                try:
+                    if key in seen:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"duplicate key {key!r} (first given on line {seen[key] + 1})",
+                            key_node.start_mark)
+                    seen[key] = key_node.start_mark.line
+                except TypeError:  # an unhashable key: the base class names it
+                    continue
+        return super().construct_mapping(node, deep=deep)
+
 
 def _expanded_size(node, memo: dict) -> int:
     """Nodes of `node` with every alias expanded, counted in time linear in the document."""
@@ -525,6 +544,11 @@ def _num(x: float) -> str:
 
 POSITIVE, NON_NEGATIVE, FRACTION = Range(0, lo_open=True), Range(0), Range(0, 1, hi_open=True)
 SEED = Range(0, 2**63 - 1)  # torch and numpy seeds: non-negative, int64
+MAX_THREADS = 1024  # CPU threads any command may ask torch for (100,000 crashes torch's pool)
+THREADS = Range(0, MAX_THREADS)
+# train settings a finished run's results do not depend on: a finished run is reused when only
+# they change, and runs that differ only in them (and the seed) are seeds of one experiment
+RESULT_FREE = ("threads", "device", "compile", "activation_checkpointing", "ckpt_every", "tensorboard")
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")  # token ids 0..3 of every tokenizer
 
 # The range of every numeric setting, checked by `validate` wherever a config is built (the
@@ -543,7 +567,7 @@ RANGES: dict[str, dict[str, Range]] = {
               "grad_clip": POSITIVE,
               "epochs": POSITIVE, "max_steps": POSITIVE, "stride": POSITIVE, "seed": SEED, "log_every": POSITIVE,
               "ckpt_every": POSITIVE, "eval_every": NON_NEGATIVE, "eval_tokens": NON_NEGATIVE,
-              "eval_batch_size": POSITIVE, "threads": NON_NEGATIVE},
+              "eval_batch_size": POSITIVE, "threads": THREADS},
     "eval": {"batch_size": POSITIVE, "max_tokens": NON_NEGATIVE, "depth_factor": Range(1),
              "norm_tokens": POSITIVE, "radial_tokens": POSITIVE, "lemma_loops": Range(2),
              "lemma_tokens": POSITIVE, "clamp_tokens": POSITIVE, "halting_tokens": POSITIVE,

@@ -209,6 +209,16 @@ def _load_builtin(cfg: DataConfig) -> dict[str, list[str]]:
     return corpus
 
 
+def check_tokenizer_ids(tok: Tokenizer, what: str = "the tokenizer") -> None:
+    """A given tokenizer's ids must be 0..n-1: the model's vocabulary is n = the number of ids,
+    so a gap would leave ids beyond it (training would fail on them, after the data is written)."""
+    ids = sorted(tok.get_vocab(with_added_tokens=True).values())
+    if ids != list(range(len(ids))):
+        gap = next((i for i, v in enumerate(ids) if v != i), len(ids))
+        raise DataError(f"{what} has {len(ids)} ids but they are not contiguous (id {gap} is missing, the largest "
+                        f"is {ids[-1] if ids else None}); renumber its vocabulary 0..{len(ids) - 1}")
+
+
 def _read_text_file(key: str, path: Optional[str], required: bool, rows: bool = False) -> list[str]:
     """One cleaned document from a text file (or its `text_rows` with `rows`), or [] for an
     absent optional file."""
@@ -217,6 +227,8 @@ def _read_text_file(key: str, path: Optional[str], required: bool, rows: bool = 
             raise DataError(f"{key} is required with data.source=text-files; set it to a plain-text file")
         return []
     p = Path(path).expanduser()
+    if p.is_dir():
+        raise DataError(f"{key}: {str(p)!r} is a directory, not a file; point it at a plain-text file")
     if not p.is_file():
         raise DataError(f"{key}: file not found: {str(p)!r}; fix the path or create the file")
     try:
@@ -606,6 +618,8 @@ def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True,
                             "(for builtin: raise data.validation_fraction)")
 
     tok = tokenizer or fit_tokenizer(cfg, corpus, show_progress=show_progress)
+    if tokenizer is not None:
+        check_tokenizer_ids(tokenizer)
     if tok.get_vocab_size(with_added_tokens=True) > MAX_VOCAB:
         raise DataError(f"the tokenizer has {tok.get_vocab_size(with_added_tokens=True)} ids: too many for uint16 token files")
     tok_json = tok.to_str(pretty=True).encode("utf-8")

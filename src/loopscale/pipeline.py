@@ -46,7 +46,7 @@ import yaml
 
 from . import registry
 from .config import EVAL_PRESETS, MODEL_PRESETS, ConfigError, EvalConfig, RunConfig, merge, read_yaml
-from .io import atomic_write_text
+from .io import atomic_write_bytes, atomic_write_text
 from .registry import AXES, AXIS_DEFAULTS, Condition, axis_values
 
 DIAGNOSTICS = tuple(registry.DIAGNOSTICS)
@@ -515,20 +515,66 @@ def config_texts(run: PlannedRun) -> tuple[str, str]:
     return train + _dump(cfg), ev + _dump(run.eval.to_dict())
 
 
-def materialize(exp: Experiment, root: str | os.PathLike = ".") -> list[str]:
+def materialize(exp: Experiment, root: str | os.PathLike = ".", undo: Optional[list] = None) -> list[str]:
     """Write the experiment's data config and every run's configs (write-if-changed).
 
-    Returns the paths that were (re)written."""
+    Returns the paths that were (re)written. With an `undo` list, what each write replaced
+    (the old bytes and times, or nothing) and each directory it created are recorded there
+    for `undo_writes`: a dry run plans from the new files, then puts everything back."""
     root = Path(root)
     written = []
-    text = _HEADER.format(what=f"experiment {exp.name}, data settings") + _dump({"data": exp.data})
-    if write_if_changed(root / exp.data_dir / "config.yaml", text):
-        written.append(f"{exp.data_dir}/config.yaml")
+
+    def write(rel: Path, text: str) -> None:
+        path = root / rel
+        if undo is not None:
+            before = _file_state(path)
+            created = [d for d in reversed(path.parents) if not d.exists()]
+        if write_if_changed(path, text):
+            written.append(str(rel))
+            if undo is not None:
+                undo.append((path, before, created))
+    write(Path(exp.data_dir) / "config.yaml",
+          _HEADER.format(what=f"experiment {exp.name}, data settings") + _dump({"data": exp.data}))
     for run in exp.runs:
         for name, t in zip(("config.yaml", "eval.yaml"), config_texts(run)):
-            if write_if_changed(root / run.dir / name, t):
-                written.append(f"{run.dir}/{name}")
+            write(Path(run.dir) / name, t)
     return written
+
+
+def _file_state(path: Path) -> Optional[tuple[bytes, int, int]]:
+    try:
+        st = path.stat()
+        return path.read_bytes(), st.st_atime_ns, st.st_mtime_ns
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+
+
+def undo_writes(undo: list) -> None:
+    """Put back what `materialize(..., undo=...)` wrote: old contents with their times, new
+    files and the (then empty) directories created for them removed."""
+    for path, before, created in reversed(undo):
+        try:
+            if before is None:
+                path.unlink(missing_ok=True)
+            else:
+                data, atime, mtime = before
+                atomic_write_bytes(path, data)
+                os.utime(path, ns=(atime, mtime))
+            for d in reversed(created):
+                d.rmdir()
+        except OSError:
+            continue  # not empty (another file appeared): left as it is
+
+
+def is_dry_run(argv: list[str]) -> bool:
+    """Whether a snakemake command line asks for a dry run (-n, --dry-run, -n among combined
+    short flags such as -np)."""
+    for a in argv[1:]:
+        if a == "--":
+            break
+        if a.startswith("--dry") or re.fullmatch(r"-[A-Za-z]*n[A-Za-z]*", a):
+            return True
+    return False
 
 
 # ---------------------------------------------------------------------------

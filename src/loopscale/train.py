@@ -30,6 +30,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -43,7 +44,7 @@ from tqdm.auto import tqdm
 
 from . import data as D
 from . import distributed as DD
-from .config import ConfigError, RunConfig
+from .config import RESULT_FREE, ConfigError, RunConfig
 from .evaluate import exit_losses
 from .io import (CheckpointError, atomic_torch_save, atomic_write_json, atomic_write_text,
                  load_checkpoint, run_environment, run_lock, weights_sha256)
@@ -81,7 +82,7 @@ class Preempted(RuntimeError):
 
 
 # settings a finished run's files do not depend on: a finished run is reused when only they change
-_RESULT_FREE = {"threads", "device", "compile", "activation_checkpointing", "ckpt_every", "tensorboard"}
+_RESULT_FREE = set(RESULT_FREE)
 
 
 def resume_comparable(cfg: dict, free=_RESUME_FREE) -> dict:
@@ -223,6 +224,22 @@ class _SigtermFlag:
             signal.signal(signal.SIGTERM, self._old)
 
 
+def stop_with_parent(poll_s: float = 0.5) -> None:
+    """End this process the way a preemption does (SIGTERM: a last state.pt, exit 143) when its
+    parent dies: a pipeline job started by `exec` from Snakemake then never outlives a
+    snakemake that was killed (even with SIGKILL), so no orphan trainer holds the run's lock or
+    writes into a log the next attempt truncates. A daemon thread watching the parent pid
+    (portable; Linux's PR_SET_PDEATHSIG would fire when the parent's *thread* ends)."""
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        logger.info("parent process %d ended: stopping as on SIGTERM", parent)
+        os.kill(os.getpid(), signal.SIGTERM)
+    threading.Thread(target=watch, name="loopscale-parent-watch", daemon=True).start()
+
+
 def _metrics_upto(path: Path, step: int) -> None:
     """Drop log records past `step` (written after the checkpoint a resume starts from)."""
     if not path.exists():
@@ -267,6 +284,20 @@ def _resume(path: Path, cfg: RunConfig, model, opt, device, total_steps: int, dd
     return step, elapsed
 
 
+_PEER_LOST = re.compile(r"gloo|nccl|connection (closed|reset) by peer|broken pipe|processgroup|rendezvous|"
+                        r"timed out .*(collective|store)", re.I)
+
+
+def lost_peer(error: BaseException, world: int) -> bool:
+    """Whether a training error under torchrun came from the other ranks (a lost peer, a
+    broken collective), not from this run: the job then fails and its retry resumes from
+    state.pt; it is never recorded as the run's result (--record-failure)."""
+    if world <= 1:
+        return False
+    dist_error = getattr(torch.distributed, "DistError", ())
+    return isinstance(error, dist_error) or (isinstance(error, RuntimeError) and bool(_PEER_LOST.search(str(error))))
+
+
 def record_failure(cfg: RunConfig, out_dir: str | Path, error: BaseException) -> dict:
     """Mark a run that crashed as failed, keeping state.pt for a later retry.
 
@@ -286,6 +317,8 @@ def record_failure(cfg: RunConfig, out_dir: str | Path, error: BaseException) ->
                                                    "error": summary["error"]})
     from .artifacts import WEIGHTS
     (Path(out_dir) / WEIGHTS).unlink(missing_ok=True)  # weights of an earlier run: not this run's
+    for kept in _KEPT.values():  # nor its finished model.pt / summary.json
+        (Path(out_dir) / kept).unlink(missing_ok=True)
     atomic_write_json(Path(out_dir) / "summary.json", summary)
     return summary
 
@@ -323,6 +356,78 @@ def _clean_leftovers(out: Path) -> None:
             tmp.unlink(missing_ok=True)
 
 
+def _run_outputs(out: Path) -> list[Path]:
+    """What a finished run writes beside its training state: the outputs of training
+    (model.pt, summary.json, the artifact files) and of its evaluations (eval/<diagnostic>.json)."""
+    from .artifacts import HF_CONFIG, MODELING, TOKENIZER_FILES, WEIGHTS
+    from .registry import DIAGNOSTICS
+    names = ["summary.json", HF_CONFIG, "model.pt", WEIGHTS, MODELING, *TOKENIZER_FILES,
+             *(d.file for d in DIAGNOSTICS.values())]
+    return [out / n for n in names]
+
+
+# A finished run keeps a second name (a hard link: no second copy) of model.pt and summary.json.
+# Snakemake deletes a job's outputs before rerunning it as "incomplete", also when the job in
+# fact finished (snakemake alone interrupted with Ctrl-C or SIGINT waits for the running job,
+# then records it incomplete, and `--rerun-incomplete` deletes the finished model.pt): with both
+# files gone and these names holding a finished run of the same settings, the run is restored,
+# never retrained from step 0.
+_KEPT = {"model.pt": ".finished.model.pt", "summary.json": ".finished.summary.json"}
+
+
+def _keep_finished(out: Path) -> None:
+    """Second names for a finished run's model.pt and summary.json (skipped where the file
+    system has no hard links)."""
+    for name, kept in _KEPT.items():
+        (out / kept).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            os.link(out / name, out / kept)
+
+
+def _restore_finished(out: Path, cfg: RunConfig) -> bool:
+    """Put back a finished run of these settings whose model.pt and summary.json were both
+    deleted (see _KEPT); True when it did. Anything else the second names hold is dropped."""
+    if any((out / n).exists() for n in _KEPT) or not all((out / k).is_file() for k in _KEPT.values()):
+        return False
+    try:
+        summary = json.loads((out / _KEPT["summary.json"]).read_text())
+        same = (isinstance(summary, dict) and summary.get("status") in ("completed", "diverged")
+                and summary.get("result_fingerprint") == result_fingerprint(cfg))
+    except (OSError, ValueError):
+        same = False
+    if not same:
+        for kept in _KEPT.values():
+            (out / kept).unlink(missing_ok=True)
+        return False
+    now = time.time()
+    for name, kept in _KEPT.items():  # model.pt first: summary.json, last, says the run is finished
+        tmp = out / f".{name}.restore.tmp"
+        tmp.unlink(missing_ok=True)
+        os.link(out / kept, tmp)
+        os.utime(tmp, (now, now))  # newer than its inputs, as a just-finished job's outputs are
+        os.replace(tmp, out / name)
+    logger.info("%s: kept the finished run (its model.pt and summary.json had been deleted, e.g. by "
+                "snakemake --rerun-incomplete after an interrupt); train with --no-resume to retrain it", out)
+    return True
+
+
+def _invalidate_outputs(out: Path, fresh: bool) -> None:
+    """Before training starts or resumes, remove what an earlier run of this directory left:
+    a run that trains is unfinished, so every finished-run file there is another run's (a
+    retrain with new settings, --no-resume, a resumed state after a kill), and must never sit
+    beside the new loopscale.json looking "completed" (a kill or SIGTERM mid-run). Only the named
+    files go (summary.json and the Hugging Face config.json, which marks a complete artifact,
+    first); a fresh start also drops tensorboard/."""
+    for p in [*(out / k for k in _KEPT.values()), *_run_outputs(out)]:
+        p.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        (out / "eval").rmdir()  # only when empty: it may hold files that are not ours
+    if fresh:
+        if (out / "tensorboard").is_dir():
+            import shutil
+            shutil.rmtree(out / "tensorboard", ignore_errors=True)
+
+
 def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: bool = True,
           progress: bool = True) -> dict:
     """Train one run; returns the summary dict (also written to summary.json).
@@ -338,6 +443,8 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
     with run_lock(out, "loopscale train") if main else contextlib.nullcontext():
         if main:
             _clean_leftovers(out)
+        if resume:
+            _restore_finished(out, cfg)
         done = _finished_summary(out, cfg) if resume else None
         if done is not None:  # these very settings are already trained: keep the run untouched
             (out / "state.pt").unlink(missing_ok=True)  # a kill between model.pt and its removal
@@ -378,10 +485,13 @@ def _train(cfg: RunConfig, data_dir: str | Path, out: Path, *, resume: bool, pro
     if resume and state_path.exists():
         step, elapsed_before = _resume(state_path, cfg, model, opt, device, total_steps, dd)
         if main:
+            _invalidate_outputs(out, fresh=False)
             _metrics_upto(metrics_path, step)
             logger.info("resuming from %s at step %d/%d", state_path, step, total_steps)
-    elif metrics_path.exists() and main:
-        metrics_path.unlink()
+    elif main:
+        _invalidate_outputs(out, fresh=True)  # a run that starts over: nothing of the old one stays
+        state_path.unlink(missing_ok=True)
+        metrics_path.unlink(missing_ok=True)
     DD.barrier(dd)  # rank 0 has read or dropped the old files before it writes new ones
 
     # the data's identity travels with every checkpoint, so a model file copied on its own is
@@ -505,8 +615,9 @@ def _train(cfg: RunConfig, data_dir: str | Path, out: Path, *, resume: bool, pro
         atomic_torch_save(out / "model.pt", {**model_record(weights), "config": cfg.to_dict(),
                                              "step": step, "status": status})
         from .artifacts import write_artifacts  # model.safetensors + tokenizer files (artifacts.py)
-        write_artifacts(out, DD.plain_model(model, weights, dd, tc.fsdp), cfg, data_dir)
-        atomic_write_json(out / "summary.json", summary)
+        write_artifacts(out, DD.plain_model(model, weights, dd, tc.fsdp), cfg, data_dir)  # config.json last
+        atomic_write_json(out / "summary.json", summary)  # last: the run is finished
+        _keep_finished(out)
         state_path.unlink(missing_ok=True)
     DD.barrier(dd)  # no rank reports the run finished before its files exist
     return summary

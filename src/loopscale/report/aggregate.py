@@ -91,6 +91,8 @@ def exits(run: Run) -> tuple[Optional[list], str]:
     d = run.diag("depth")
     if d and isinstance(d.get("exits"), list) and d["exits"]:
         return [dict(r) for r in d["exits"]], "depth"
+    if run.diag_status("depth") in ("malformed", "unreadable"):  # never silently replaced by the summary's
+        return None, "none"
     val = run.summary.get("validation") if run.completed else None
     if isinstance(val, dict) and isinstance(val.get("val_ce"), list) and val["val_ce"]:
         norms = val.get("val_norm") or [math.nan] * len(val["val_ce"])
@@ -248,6 +250,16 @@ def _missing_note(groups: list[Group], diag: str) -> str:
     return f"Completed runs without a usable eval/{diag}.json (cells empty, n lower): " + "; ".join(miss) + ".\n"
 
 
+def _unusable_note(groups: list[Group], diag: str) -> str:
+    """Completed runs whose eval/<diag>.json exists but cannot be used (unreadable, malformed)."""
+    bad = [f"{g.cond.label} [{g.size.label}] seed {r.seed} ({r.diag_status(diag)})" for g in groups for r in g.used
+           if r.diag_status(diag) in ("malformed", "unreadable")]
+    if not bad:
+        return ""
+    return (f"Completed runs whose eval/{diag}.json is unusable (their cells left empty, not filled from "
+            f"summary.json; see runs.md): " + "; ".join(bad) + ".\n")
+
+
 def _notes(*parts: str) -> str:
     body = "".join(p for p in parts if p)
     return ("\n" + body) if body else ""
@@ -303,7 +315,7 @@ def main_table(groups: list[Group]) -> Table:
     md += _notes("\nmean ± std over seeds (std ddof=1); n = completed seeds / runs. ‖H_k‖ = mean over tokens of the "
                  "per-token L2 norm before any normalisation; √d is the norm of an N(0,1) embedding row (the "
                  "paper's init). Paper columns: the paper's 129M per-loop results and headline norms (PPL over the paper's regex tokens, 3 seeds).\n",
-                 src_note, _excluded_note(groups))
+                 src_note, _unusable_note(groups, "depth"), _excluded_note(groups))
     return Table("main", "Main table: final-exit PPL and ‖H_K‖ per condition (Table 1 analog)", df, md)
 
 
@@ -611,11 +623,20 @@ def runs_table(runs: list[Run], root: Optional[Path] = None) -> Table:
         md_rows.append([r.size.label, r.condition.label, str(r.seed), r.note,
                         f"{steps}/{tot}" if steps is not None else EMPTY,
                         num(r.summary.get("wall_time_s")), num(fe["ppl"]), num(fe["norm"]),
-                        "all" if not missing else ("none" if len(missing) == len(diags) else
-                                                   "missing: " + ", ".join(missing)), path])
+                        "all" if not missing else ("none" if all(diags[d] == "missing" for d in diags) else
+                                                   _diag_text(diags)), path])
     md = md_table(["Size", "Condition", "Seed", "Status", "Steps", "Wall time (s)", "PPL (exit K)", "‖H_K‖",
                    "Diagnostics", "Run directory"], md_rows)
     return Table("runs", "Every run", pd.DataFrame(rows), md)
+
+
+def _diag_text(diags: dict) -> str:
+    """'missing: a, b; malformed: c' for the diagnostics that are not ok."""
+    by: dict = {}
+    for d, st in diags.items():
+        if st != "ok":
+            by.setdefault(st, []).append(d)
+    return "; ".join(f"{st}: {', '.join(ds)}" for st, ds in by.items())
 
 
 def _rel(path: Path, root: Optional[Path]) -> str:

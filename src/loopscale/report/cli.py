@@ -27,8 +27,10 @@ def find_run_dirs(paths: list[str]) -> list[Path]:
 
 
 def _runs(args):
-    from .runs import load_runs
-    return load_runs(find_run_dirs(args.runs))
+    from .runs import check_runs, load_runs
+    runs = load_runs(find_run_dirs(args.runs))
+    check_runs(runs)  # never average copies of one run, or runs of two experiments
+    return runs
 
 
 def cmd_tables(args) -> int:
@@ -54,7 +56,11 @@ def cmd_figures(args) -> int:
 def cmd_write(args) -> int:
     from ..io import atomic_write_text
     from .write import load_params, report_markdown
+    from ..config import ConfigError
     params = load_params(args.params, args.experiment)
+    if not Path(args.results).is_dir():  # the tables the report links: without them it would link nothing
+        raise ConfigError(f"results directory {args.results} not found: write the tables first "
+                          f"(loopscale report tables --out {args.results})")
     runs = _runs(args)
     text = report_markdown(runs, Path(args.results), Path(args.out), experiment=args.experiment or "",
                            params=params, figures_dir=Path(args.figures) if args.figures else None)

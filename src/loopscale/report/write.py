@@ -29,6 +29,10 @@ def load_params(path: Optional[str | os.PathLike], experiment: Optional[str]) ->
     exps = d.get("experiments") if isinstance(d, dict) else None
     if isinstance(exps, dict) and experiment in exps and isinstance(exps[experiment], dict):
         return exps[experiment]
+    if experiment:  # a report of an experiment its params file does not describe: refused
+        from ..config import ConfigError
+        known = ", ".join(sorted(map(str, exps))) if isinstance(exps, dict) else "none"
+        raise ConfigError(f"params file {str(path)!r} has no experiment {experiment!r} (experiments: {known})")
     return {}
 
 
@@ -230,4 +234,9 @@ def claims_table(runs: list[Run]) -> Table:
                       columns=["size", "id", "claim", "paper", "ours", "verdict", "outcome", "verdict_seed_means",
                                "seeds_reproduced", "seeds_evaluated", "per_seed", "rule", "robustness",
                                "amendment", "registered_rule", "registered_verdict"])
-    return Table("claims", "Claims and verdicts", df, C.claims_markdown(results))
+    md = C.claims_markdown(results)
+    bad = [f"{r.condition.label} seed {r.seed}: {'; '.join(r.problems)}" for r in runs if r.completed and r.problems]
+    if bad:  # a claim they would have decided may read "not run at this scale": say why
+        md += ("\nResult files that could not be used (their values count nowhere; a verdict that needs them may "
+               "read \"not run at this scale\"): " + "; ".join(bad) + ".\n")
+    return Table("claims", "Claims and verdicts", df, md)
