@@ -470,28 +470,21 @@ def write_if_changed(path: str | os.PathLike, text: str) -> bool:
 
 
 def lock_experiment(name: str, root: str | os.PathLike = "."):
-    """Take the experiment's lock `.snakemake/loopscale-<name>.lock` for as long as the
-    returned file object stays open (the process's lifetime: keep a reference). The system
+    """Take the experiment's lock `.snakemake/loopscale-<name>.lock` (io.FileLock) for as long
+    as the returned lock is not closed (the process's lifetime: keep a reference). The system
     releases it when the process ends, however it ends, so a killed run leaves no stale lock.
 
     Raises LockedError when another live process holds it."""
-    import fcntl
+    from .io import FileLock
 
     path = Path(root) / ".snakemake" / f"loopscale-{name}.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
-    f = open(path, "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        f.seek(0)
-        holder = f.read().strip() or "?"
-        f.close()
+    lock = FileLock(path)
+    if not lock.acquire(f"{os.getpid()}"):
+        holder = lock.holder() or "?"
         raise LockedError(f"another snakemake (pid {holder}) is running experiment {name} in this directory; "
-                          f"wait for it to finish (nothing was written)") from None
-    f.truncate(0)
-    f.write(f"{os.getpid()}\n")
-    f.flush()
-    return f
+                          f"wait for it to finish (nothing was written)")
+    return lock
 
 
 _HEADER = "# Written by the pipeline from params.yaml ({what}); do not edit: edit params.yaml.\n"
