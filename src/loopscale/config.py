@@ -101,6 +101,7 @@ class TrainConfig:
     eval_batch_size: int = 16  # windows per batch of the in-training evaluation
     threads: int = 0  # torch CPU threads; 0 leaves torch's default
     tensorboard: bool = False  # also write RUN/tensorboard/ event files (needs the tensorboard extra)
+    wandb: bool = False  # also log to Weights & Biases, files in RUN/wandb/ (needs the wandb extra; WANDB_MODE=offline)
 
 
 @dataclass
