@@ -5,6 +5,7 @@ import math
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -215,7 +216,8 @@ def test_bad_model_args_are_one_line_errors(run, args, message):
 @pytest.mark.slow
 def test_the_lm_eval_command_finds_the_model_type(run, tasks, tmp_path, cli_env):
     out = tmp_path / "out"
-    r = subprocess.run([sys.executable, "-m", "loopscale.harness", "run", "--model", "loopscale",
+    lm_eval_cli = str(Path(sys.executable).parent / "loopscale-lm-eval")  # lm_eval's legacy form (no `run`)
+    r = subprocess.run([lm_eval_cli, "--model", "loopscale",
                         "--model_args", f"run={run}", "--tasks", "ls_mc", "--include_path", str(tasks),
                         "--output_path", str(out)], capture_output=True, text=True, env=cli_env, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
