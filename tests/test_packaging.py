@@ -6,7 +6,6 @@ import re
 import subprocess
 import sys
 import textwrap
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from packaging.requirements import Requirement
 
 import loopscale
 
+tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
 REPO = Path(__file__).resolve().parents[1]
 PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 CORE = {"torch", "numpy", "tokenizers", "safetensors", "pyyaml", "tqdm", "filelock"}
