@@ -79,3 +79,14 @@ def test_wandb_missing_is_one_clear_error(smoke_data, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "wandb", None)  # as if not installed
     with pytest.raises(ConfigError, match="train.wandb needs the wandb package"):
         train(cfg(wandb=True), smoke_data, tmp_path / "run", progress=False)
+
+
+def test_wandb_that_cannot_start_is_one_clear_error(smoke_data, tmp_path, monkeypatch):
+    import types
+
+    def init(**kw):
+        raise RuntimeError("api_key not configured (no-tty)")
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=init))
+    with pytest.raises(ConfigError, match=r"W&B could not start \(api_key not configured.*WANDB_MODE=offline"):
+        train(cfg(wandb=True), smoke_data, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run" / "model.pt").exists()

@@ -89,8 +89,14 @@ def _wandb(out: Path, cfg: RunConfig):
     import hashlib
     import os
     run_id = hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:16]
-    return wandb.init(project=os.environ.get("WANDB_PROJECT", "loopscale"), name=f"{out.parent.name}/{out.name}",
-                      id=run_id, resume="allow", dir=str(out), config=cfg.to_dict())
+    try:
+        return wandb.init(project=os.environ.get("WANDB_PROJECT", "loopscale"), name=f"{out.parent.name}/{out.name}",
+                          id=run_id, resume="allow", dir=str(out), config=cfg.to_dict())
+    except Exception as e:  # no login, no network: one line, before any step is trained
+        from .config import ConfigError
+        msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"train.wandb: W&B could not start ({msg}); run `wandb login` or set "
+                          f"WANDB_MODE=offline") from None
 
 
 class Preempted(RuntimeError):
