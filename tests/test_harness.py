@@ -179,6 +179,13 @@ def test_halting_scores_each_token_at_its_first_confident_exit(run, tasks):
     assert hand["word_perplexity"] != pytest.approx(_hand(run)["word_perplexity"], rel=1e-4)
 
 
+def test_a_continuation_longer_than_the_window_is_one_error(run):
+    from loopscale.harness import LoopscaleLM
+    lm = LoopscaleLM(run=str(run))
+    with pytest.raises(ConfigError, match="more than the context window"):
+        lm.score([([1, 2], list(range(5, 5 + lm.max_length + 1)))])
+
+
 def test_generate_until_is_loopscale_generate_cut_at_the_stop_string(run):
     from lm_eval.api.instance import Instance
 

@@ -167,6 +167,9 @@ class LoopscaleLM(LM):
             for ctx, cont in chunk:
                 if not cont:
                     raise ConfigError("a request's continuation encodes to no tokens")
+                if len(cont) > self.max_length:
+                    raise ConfigError(f"a request's continuation has {len(cont)} tokens, more than the "
+                                      f"context window (max_length {self.max_length})")
                 ctx = ctx or [self.prefix_id]
                 whole = (ctx + cont)[-(self.max_length + 1):]
                 rows.append((whole[:-1], len(cont)))
