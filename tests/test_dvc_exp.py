@@ -9,9 +9,9 @@ import json
 import pytest
 import yaml
 
-from test_pipeline import DVC, copy_worktree, run
+from loopscale import pipeline as P
+from test_pipeline import DVC, REPO, SCHEMA, copy_worktree, run
 
-pytestmark = pytest.mark.slow
 CONDITIONS = {"rmsnorm-per_loop-none-residual", "raw-per_loop-none-residual"}
 
 
@@ -28,6 +28,38 @@ def _experiments(shown: list) -> dict:
     return out
 
 
+def _layered(tmp_path, settings: str):
+    (tmp_path / "exp.yaml").write_text(settings)
+    return P.load_and_validate(REPO / "params.yaml", SCHEMA, settings_path=tmp_path / "exp.yaml")[1]
+
+
+def test_exp_yaml_layers_over_params(tmp_path):
+    """exp.yaml's model/train keys reach every run of the experiment (over the preset and the
+    experiment's own train settings), its seeds replace the experiment's; others are untouched."""
+    plain = P.load_and_validate(REPO / "params.yaml", SCHEMA)[1]
+    committed = _layered(tmp_path, (REPO / "exp.yaml").read_text())
+    assert [r.config for r in committed["smoke"].runs] == [r.config for r in plain["smoke"].runs]  # same values
+    exps = _layered(tmp_path, "smoke: {train: {max_steps: 7}, model: {d_model: 48}, seeds: [1, 2]}\n")
+    runs = exps["smoke"].runs
+    assert {r.seed for r in runs} == {1, 2} and len(runs) == 2 * len(plain["smoke"].runs)
+    assert all(r.config.train.max_steps == 7 and r.config.model.d_model == 48 for r in runs)
+    assert [r.config for r in exps["cpu"].runs] == [r.config for r in plain["cpu"].runs]
+
+
+@pytest.mark.parametrize("settings, message", [
+    ("nosuch: {train: {max_steps: 3}}\n", "exp.yaml: nosuch: no experiment of that name in params.yaml"),
+    ("smoke: {trian: {max_steps: 3}}\n", "exp.yaml: smoke.trian: unknown key; choose one of model, objective"),
+    ("smoke: {train: {max_stepz: 3}}\n", "max_stepz"),
+    ("smoke: {train: {max_steps: -3}}\n", "max_steps"),
+    ("- smoke\n", "exp.yaml: must hold a mapping"),
+])
+def test_a_bad_exp_yaml_is_one_line(tmp_path, settings, message):
+    with pytest.raises(P.ParamsError, match=message.replace(".", r"\.")) as e:
+        _layered(tmp_path, settings)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.slow
 def test_two_experiments_compare_side_by_side(tmp_path):
     repo = copy_worktree(tmp_path / "repo")
     params_before = (repo / "params.yaml").read_bytes()
@@ -53,6 +85,7 @@ def test_two_experiments_compare_side_by_side(tmp_path):
     assert cfg["train"]["max_steps"] == 12
 
 
+@pytest.mark.slow
 def test_plots_render_offline(tmp_path):
     """The DVC plots are static images: the page `dvc plots show` writes loads no script."""
     repo = copy_worktree(tmp_path / "repo")
