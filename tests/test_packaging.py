@@ -3,6 +3,7 @@ dependency ranges that the lock satisfies, a light core that works without the e
 import ast
 import importlib.metadata
 import re
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -143,7 +144,11 @@ def test_a_core_only_install_imports_and_runs_a_forward_pass(tmp_path):
     assert not need & {_norm(e) for e in EXTRAS if e not in CORE}
     # (setuptools, which torch lists, comes with the venv and is not in the lock)
     (tmp_path / "core.txt").write_text("".join(f"{n}=={pins[n]}\n" for n in sorted(need) if n in pins))
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(REPO),
+    proj = tmp_path / "proj"  # built from a copy: setuptools leaves build/ where it builds
+    shutil.copytree(REPO / "src", proj / "src", ignore=shutil.ignore_patterns("__pycache__", "*.egg-info"))
+    for f in ("pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy2(REPO / f, proj / f)
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", str(proj),
                     "-w", str(tmp_path / "wheel")], check=True, capture_output=True, timeout=300)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
