@@ -1,4 +1,6 @@
 # loopscale: two commands do everything.
+#   make smoke       set up .venv and run the smoke experiment (a minute on 2 cores after set-up:
+#                    two conditions, a tiny model, every stage; results/smoke/REPORT.md)
 #   make reproduce   set up .venv and run the cpu experiment of the pipeline (results/ rebuilt;
 #                    EXPERIMENT=NAME for another)
 #   make test        set up .venv and run the test suite (what CI runs)
@@ -10,7 +12,7 @@ CORES  ?= all
 # pipeline jobs call `loopscale`, `snakemake` and `dvc`: the venv's bin comes first
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup reproduce confirm drift-law test test-fast bench clean-runs
+.PHONY: setup smoke reproduce confirm drift-law test test-fast bench clean-runs
 
 setup: $(VENV)/.installed
 
@@ -19,6 +21,9 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
+
+smoke: setup
+	$(BIN)/snakemake --cores $(CORES) --config experiment=smoke
 
 reproduce: setup
 	$(BIN)/snakemake --cores $(CORES) --config experiment=$(EXPERIMENT)

@@ -779,8 +779,7 @@ def test_dvc_repro_push_pull(smoke_local, tmp_path, record_property):
     assert len(smoke_runs(b)) == len(smoke_runs(a))
     smk(b, "--touch", "--cores", "1", *SMOKE)
     rules = counts(dry_run(b))
-    # results/smoke is neither in git nor in the DVC cache (cache: false): only the
-    # aggregates are rebuilt, nothing is retrained or re-evaluated
+    # data, runs and results come from the remote: nothing is retrained or re-evaluated
     assert not {"prepare_data", "train", "eval"} & set(rules), rules
 
 

@@ -123,6 +123,7 @@ class TrainConfig:
     eval_batch_size: int = 16  # windows per batch of the in-training evaluation
     threads: int = 0  # torch CPU threads; 0 leaves torch's default
     tensorboard: bool = False  # also write RUN/tensorboard/ event files (needs the tensorboard extra)
+    wandb: bool = False  # also log to Weights & Biases, files in RUN/wandb/ (needs the wandb extra; WANDB_MODE=offline)
 
 
 @dataclass
@@ -548,7 +549,7 @@ MAX_THREADS = 1024  # CPU threads any command may ask torch for (100,000 crashes
 THREADS = Range(0, MAX_THREADS)
 # train settings a finished run's results do not depend on: a finished run is reused when only
 # they change, and runs that differ only in them (and the seed) are seeds of one experiment
-RESULT_FREE = ("threads", "device", "compile", "activation_checkpointing", "ckpt_every", "tensorboard")
+RESULT_FREE = ("threads", "device", "compile", "activation_checkpointing", "ckpt_every", "tensorboard", "wandb")
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")  # token ids 0..3 of every tokenizer
 
 # The range of every numeric setting, checked by `validate` wherever a config is built (the

@@ -56,7 +56,8 @@ logger = logging.getLogger("loopscale.train")
 
 # settings that may change between a checkpoint and its resumption without changing results
 _RESUME_FREE = {"max_steps", "epochs", "log_every", "ckpt_every", "eval_every", "eval_tokens",
-                "eval_batch_size", "device", "threads", "compile", "activation_checkpointing", "tensorboard", "fsdp"}
+                "eval_batch_size", "device", "threads", "compile", "activation_checkpointing", "tensorboard", "fsdp",
+                "wandb"}
 
 
 def _progress_line(rec: dict, total_steps: int, tokens_per_step: int) -> str:
@@ -75,6 +76,29 @@ def _tensorboard(log_dir: Path):
         raise ConfigError("train.tensorboard needs the tensorboard package: "
                           "pip install 'loopscale[tensorboard]'") from None
     return SummaryWriter(log_dir=str(log_dir))
+
+
+def _wandb(out: Path, cfg: RunConfig):
+    """A Weights & Biases run (train.wandb: true; needs the `wandb` extra). Project from
+    $WANDB_PROJECT (default loopscale), files under RUN/wandb/; WANDB_MODE=offline logs locally
+    (`wandb sync RUN/wandb/offline-run-*` uploads later). A resumed run continues the same W&B run
+    (its id is derived from the run directory)."""
+    try:
+        import wandb
+    except ImportError:
+        from .config import ConfigError
+        raise ConfigError("train.wandb needs the wandb package: pip install 'loopscale[wandb]'") from None
+    import hashlib
+    import os
+    run_id = hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:16]
+    try:
+        return wandb.init(project=os.environ.get("WANDB_PROJECT", "loopscale"), name=f"{out.parent.name}/{out.name}",
+                          id=run_id, resume="allow", dir=str(out), config=cfg.to_dict())
+    except Exception as e:  # no login, no network: one line, before any step is trained
+        from .config import ConfigError
+        msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"train.wandb: W&B could not start ({msg}); run `wandb login` or set "
+                          f"WANDB_MODE=offline") from None
 
 
 class Preempted(RuntimeError):
@@ -531,6 +555,7 @@ def _train(cfg: RunConfig, data_dir: str | Path, out: Path, *, resume: bool, pro
     bar = tqdm(total=total_steps, initial=step, disable=not show_bar, desc=out.name, mininterval=1.0,
                dynamic_ncols=True)
     tb = _tensorboard(out / "tensorboard") if tc.tensorboard and main else None
+    wb = _wandb(out, cfg) if tc.wandb and main else None
     t_log, tok_log = time.time(), 0
     try:
         with _SigtermFlag() as sigterm:
@@ -579,6 +604,11 @@ def _train(cfg: RunConfig, data_dir: str | Path, out: Path, *, resume: bool, pro
                         for k, (ce, norm) in enumerate(zip(rec["ce"], rec["norm"]), 1):
                             tb.add_scalar(f"ce/loop{k}", ce, step)
                             tb.add_scalar(f"norm/loop{k}", norm, step)
+                    if wb is not None:  # the same curves as TensorBoard's
+                        wb.log({"train/loss": rec["loss"], "train/norm_K": rec["norm"][-1],
+                                "train/grad_norm": rec["grad_norm"], "train/tok_per_s": rec["tok_per_s"],
+                                **{f"ce/loop{k}": c for k, c in enumerate(rec["ce"], 1)},
+                                **{f"norm/loop{k}": n for k, n in enumerate(rec["norm"], 1)}}, step=step)
                 if tc.eval_every and step % tc.eval_every == 0 and step < total_steps:
                     log.write(json.dumps(validate()) + "\n")
                     log.flush()
@@ -593,6 +623,8 @@ def _train(cfg: RunConfig, data_dir: str | Path, out: Path, *, resume: bool, pro
         log.close()
         if tb is not None:
             tb.close()
+        if wb is not None:
+            wb.finish(exit_code=0 if status == "completed" else 1)
 
     summary = {"status": status, "steps": step, "total_steps": total_steps,
                "config_fingerprint": cfg.fingerprint(), "result_fingerprint": result_fingerprint(cfg),

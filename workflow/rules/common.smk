@@ -26,7 +26,8 @@ try:
     PARAMS, EXPERIMENTS = P.load_and_validate(
         PARAMS_FILE,
         os.path.join(workflow.basedir, "workflow", "schemas", "params.schema.yaml"),
-        overrides={k: v for k, v in config.items() if k != "params"},
+        overrides={k: v for k, v in config.items() if k not in ("params", "settings")},
+        settings_path=config.get("settings"),  # exp.yaml: what `dvc exp run -S` edits
     )
     EXP = EXPERIMENTS[PARAMS["experiment"]]
     if workflow.is_main_process:
