@@ -65,7 +65,11 @@ def _register_with_transformers() -> None:
             spec.loader.exec_module = exec_and_register
             return spec
 
-    if importlib.util.find_spec("transformers") is not None:
+    try:
+        present = importlib.util.find_spec("transformers") is not None
+    except (ImportError, ValueError):  # an environment that blocks or breaks it: not there
+        present = False
+    if present:
         sys.meta_path.insert(0, Hook())
 
 

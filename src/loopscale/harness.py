@@ -116,8 +116,10 @@ class LoopscaleLM(LM):
             raise ConfigError(f"--model_args max_length: {self.max_length} exceeds the model's seq_len {seq}")
         self.max_gen_toks = _int_arg("max_gen_toks", max_gen_toks, 1)
         vocab = self.tokenizer.get_vocab(with_added_tokens=True)
+        # a document starts after the token the training stream puts between rows/documents: the
+        # separator's one token (in the paper's stream the row boundary is <unk>, so that), else <eos>
         sep = self.tok_encode(DOC_SEPARATOR)
-        self.prefix_id = sep[0] if len(sep) == 1 and sep[0] != vocab.get("<unk>") else vocab.get("<eos>", 0)
+        self.prefix_id = sep[0] if len(sep) == 1 else vocab.get("<eos>", 0)
 
     # -- tokens ------------------------------------------------------------------
     @property
