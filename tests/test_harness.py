@@ -234,3 +234,28 @@ def test_the_lm_eval_command_finds_the_model_type(run, tasks, tmp_path, cli_env)
                           "--model_args", f"run={tmp_path / 'nope'}", "--tasks", "ls_mc", "--include_path",
                           str(tasks)], capture_output=True, text=True, env=cli_env, timeout=300)
     assert bad.returncode == 2 and "not found" in bad.stderr.strip().splitlines()[-1]
+
+
+def test_lm_eval_hf_model_type_with_remote_code_equals_a_hand_computation(run, tasks, tmp_path):
+    """`lm_eval --model hf --model_args pretrained=RUN,trust_remote_code=True` on a run
+    directory: the per-choice log-likelihoods equal loopscale.load's, and so acc/acc_norm."""
+    import shutil
+
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+    pytest.importorskip("transformers")
+    copy = tmp_path / "run"  # a copy: the HF loader must find everything in the directory itself
+    shutil.copytree(run, copy)
+    out = lm_eval.simple_evaluate(model="hf", model_args=f"pretrained={copy},trust_remote_code=True,dtype=float32",
+                                  tasks=["ls_mc"], task_manager=TaskManager(include_path=str(tasks)),
+                                  log_samples=True, device="cpu")
+    model, tok, cfg = loopscale.load(run)
+    samples = sorted(out["samples"]["ls_mc"], key=lambda s: s["doc_id"])
+    assert len(samples) == len(QUESTIONS)
+    for s, q in zip(samples, QUESTIONS):
+        got = [float(r[0][0]) for r in s["resps"]]
+        want = [_choice_ll(model, tok, q["question"], c, cfg.model.n_loops) for c in q["choices"]]
+        assert got == pytest.approx(want, abs=1e-4)
+    hand = _hand(run)
+    for m in ("acc", "acc_norm"):
+        assert out["results"]["ls_mc"][f"{m},none"] == pytest.approx(hand[m])
