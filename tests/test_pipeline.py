@@ -730,7 +730,7 @@ def test_bad_params_fail_fast_and_leave_a_completed_run_byte_identical(smoke_loc
         (good.replace("  blind_spot:\n    - {readout: rmsnorm, loss: per_loop}\n",
                       "  blind_spot:\n    - {readout: rms, loss: per_loop}\n"),
          "params.yaml: condition_sets.blind_spot[0].readout: unknown value 'rms'; "
-         "choose one of rmsnorm, layernorm, raw, final_norm"),
+         "choose one of " + ", ".join(R.READOUTS)),
     ]
     for text, message in cases:
         assert text != good
