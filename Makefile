@@ -1,4 +1,6 @@
 # loopscale: two commands do everything.
+#   make smoke       set up .venv and run the smoke experiment (a minute on 2 cores after set-up:
+#                    two conditions, a tiny model, every stage; results/smoke/REPORT.md)
 #   make reproduce   set up .venv and run the cpu experiment of the pipeline (results/ rebuilt;
 #                    EXPERIMENT=NAME for another)
 #   make test        set up .venv and run the test suite (what CI runs)
@@ -10,7 +12,7 @@ CORES  ?= all
 # pipeline jobs call `loopscale`, `snakemake` and `dvc`: the venv's bin comes first
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup reproduce test test-fast bench clean-runs
+.PHONY: setup smoke reproduce confirm drift-law test test-fast bench clean-runs
 
 setup: $(VENV)/.installed
 
@@ -20,8 +22,22 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 
+smoke: setup
+	$(BIN)/snakemake --cores $(CORES) --config experiment=smoke
+
 reproduce: setup
 	$(BIN)/snakemake --cores $(CORES) --config experiment=$(EXPERIMENT)
+
+# the confirmatory study (docs/studies.md): cpu_confirm + cpu_confirm_lr, then the drift law
+confirm: setup
+	$(BIN)/snakemake --cores $(CORES) --config experiment=cpu_confirm
+	$(BIN)/snakemake --cores $(CORES) --config experiment=cpu_confirm_lr
+	$(MAKE) drift-law
+
+# the drift law across experiments, from the committed results/<exp>/train_norms.csv
+drift-law: setup
+	$(BIN)/loopscale report drift-law --results results/cpu_confirm results/cpu_confirm_lr results/cpu_long \
+		--holdout cpu_long --out results/drift_law
 
 test: setup
 	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest

@@ -27,7 +27,7 @@ def run(smoke_data, tmp_path_factory):
 
 
 def test_training_writes_the_artifact_and_load_gives_the_same_logits(run):
-    for name in ARTIFACT_FILES + ("model.pt", "config.json"):
+    for name in ARTIFACT_FILES + ("model.pt", "config.json", "loopscale.json", "modeling_loopscale.py"):
         assert (run / name).is_file(), name
     model, tok, cfg = loopscale.load(run)
     ref, _, _ = load_model(run / "model.pt")
@@ -42,7 +42,8 @@ def test_safetensors_stores_the_tied_head_once(run):
     model, _, _ = loopscale.load(run)
     with safe_open(str(run / "model.safetensors"), "pt") as f:
         keys = set(f.keys())
-        assert f.metadata() == {"format": "pt"}
+        meta = f.metadata()
+        assert set(meta) == {"format", "weights_sha256", "config_fingerprint"} and meta["format"] == "pt"
         assert sum(f.get_tensor(k).numel() for k in keys) == model.num_params()
     assert keys == set(model.state_dict()) and "tok_emb.weight" in keys
     assert not any("head" in k for k in keys)
@@ -54,7 +55,10 @@ def test_tokenizer_files_carry_the_special_tokens(run, smoke_data):
     text = "We the people, in order to form a more perfect Union."
     ids = tok.encode(text).ids
     assert ids[:4] == [tok.token_to_id(w) for w in ("We", " ", "the", " ")]
-    assert tok.encode(tok.decode(ids, skip_special_tokens=False)).ids == ids  # <unk>s included
+    if tok.get_added_tokens_decoder():  # data.tokenization=joined: literal specials encode to their ids
+        assert tok.encode(tok.decode(ids, skip_special_tokens=False)).ids == ids  # <unk>s included
+    else:  # paper: the specials are plain vocabulary, and decoding drops them as the official decode does
+        assert 3 in ids and tok.decode(ids) == "".join(tok.id_to_token(i) for i in ids if i > 3)
     conf = json.loads((run / "tokenizer_config.json").read_text())
     special = json.loads((run / "special_tokens_map.json").read_text())
     roles = {"pad_token": "<pad>", "bos_token": "<bos>", "eos_token": "<eos>", "unk_token": "<unk>"}
@@ -98,3 +102,33 @@ def test_generate_command(run, capsys):
 def test_load_is_lazy_and_exported():
     code = "import sys, loopscale; assert 'torch' not in sys.modules; loopscale.load; assert 'torch' in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_export_upgrades_an_older_layout_run(run, tmp_path):
+    """A run written before loopscale.json (config.json held the record, no Hugging Face
+    files): load reads it as it is; export rewrites it in the current layout from model.pt."""
+    import shutil
+    old = tmp_path / "old"
+    shutil.copytree(run, old)
+    record = json.loads((old / "loopscale.json").read_text())
+    for name in ("loopscale.json", "modeling_loopscale.py", "model.safetensors"):
+        (old / name).unlink()
+    (old / "config.json").write_text(json.dumps(record))
+    model, _, cfg = loopscale.load(old)  # from model.pt
+    assert main(["export", str(old)]) == 0
+    assert json.loads((old / "loopscale.json").read_text())["data"] == record["data"]
+    assert json.loads((old / "config.json").read_text())["model_type"] == "loopscale"
+    again, _, cfg2 = loopscale.load(old)
+    assert cfg2 == cfg
+    for a, b in zip(model.state_dict().values(), again.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_readers_of_the_run_record_find_it_in_loopscale_json(run):
+    """report and the eval data check read loopscale.json (config.json is the Hugging Face config)."""
+    from loopscale.report.cli import find_run_dirs
+    from loopscale.report.runs import load_run
+    r = load_run(run)
+    assert r.status == "completed" and r.config["model"]["readout"] == "final_norm"
+    assert r.data["tokenizer_sha256"] and r.env["loopscale"]
+    assert find_run_dirs([str(run)]) == [run]

@@ -51,6 +51,7 @@ def _text_files_cfg(tmp_path, train=WIKI_TRAIN, valid=WIKI_VALID, test=WIKI_TEST
             paths[name] = str(p)
     kw.setdefault("vocab_size", 64)
     kw.setdefault("min_frequency", 1)
+    kw.setdefault("tokenization", "joined")  # these tests pin the joined rule (paper: test_paper_tokens.py)
     return DataConfig(source="text-files", train_file=paths.get("train"), validation_file=paths.get("valid"),
                       test_file=paths.get("test"), **kw)
 
@@ -58,7 +59,7 @@ def _text_files_cfg(tmp_path, train=WIKI_TRAIN, valid=WIKI_VALID, test=WIKI_TEST
 # ---------------------------------------------------------------- corpora
 @pytest.fixture(scope="module")
 def builtin_corpus():
-    return D.load_corpus(DataConfig())
+    return D.load_corpus(DataConfig(tokenization="joined"))  # documents; the paper's rows: test_paper_tokens
 
 
 def test_builtin_corpus_splits(builtin_corpus):
@@ -71,8 +72,8 @@ def test_builtin_corpus_splits(builtin_corpus):
     docs = [d for s in D.SPLITS for d in corpus[s]]
     assert len(set(docs)) == len(docs)  # disjoint
     assert all(d and "\n\n\n" not in d for d in docs)  # empty lines dropped
-    assert D.load_corpus(DataConfig()) == corpus  # deterministic
-    other = D.load_corpus(DataConfig(split_seed=1))
+    assert D.load_corpus(DataConfig(tokenization="joined")) == corpus  # deterministic
+    other = D.load_corpus(DataConfig(split_seed=1, tokenization="joined"))
     assert other["validation"] != corpus["validation"]
     # the assignment is a partition of the indices
     a = D.builtin_split_assignment(n_files, DataConfig())
@@ -192,7 +193,7 @@ def test_wikitext_lines_rule(monkeypatch):
     import datasets
     monkeypatch.setattr(datasets, "load_dataset", lambda repo, name: FakeDataset(
         train={"text": rows}, validation={"text": rows[:3]}, test={"text": []}))
-    corpus = D.load_corpus(DataConfig(source="wikitext-2"))
+    corpus = D.load_corpus(DataConfig(source="wikitext-2", tokenization="joined"))
     assert corpus["train"] == [" = Title = \n\n Some text . \n\n = = Sub = = \n\n More . "]
     assert corpus["validation"] == [" = Title = \n\n Some text . "]
     assert corpus["test"] == []
@@ -239,7 +240,7 @@ def test_fit_on_train_vs_train_plus_validation():
 @pytest.mark.parametrize("kind", ["word", "bpe"])
 def test_chunked_encoding_equals_whole_text(kind, builtin_corpus):
     text = D.join_documents(builtin_corpus["validation"][:3])
-    cfg = DataConfig(tokenizer=kind, vocab_size=600, min_frequency=2)
+    cfg = DataConfig(tokenizer=kind, vocab_size=600, min_frequency=2, tokenization="joined")
     tok = D.fit_tokenizer(cfg, {"train": [text], "validation": [], "test": []})
     whole = tok.encode(text).ids
     pieces = list(D._chunks(text, 97))
@@ -360,8 +361,8 @@ def test_too_small_split_refused():
 
 
 def test_max_documents_keeps_the_first_documents_of_each_split():
-    full = D.load_corpus(DataConfig())
-    part = D.load_corpus(DataConfig(max_documents=3))
+    full = D.load_corpus(DataConfig(tokenization="joined"))
+    part = D.load_corpus(DataConfig(max_documents=3, tokenization="joined"))
     for split in ("train", "validation", "test"):
         assert part[split] == full[split][:3]
 

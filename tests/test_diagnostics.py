@@ -197,32 +197,66 @@ def test_freeze_loop1_keeps_every_loop_at_loop1_rms(env):
 
 @pytest.mark.parametrize("name", ["raw", "inter_loop_norm"])
 def test_remove_radial_removes_the_radial_update(env, name):
+    """Official remove_radial: loop 1 untouched; loop k >= 2's update is orthogonal to the
+    previous loop's clamped state before the recurrence (not to the normalised fed state).
+    remove_radial_from_embedding: every loop's update orthogonal to the loop's input."""
     run = _open(env, name)
     x, _ = next(E.batches(run, E.windows(run, 256)))
-    inputs = []
+    seen = {"remove_radial": [], "remove_radial_from_embedding": []}
+    free = run.model(x)
+    for mode, log in seen.items():
+        fn = G.clamp_fn(mode)
 
-    def spy(k, x_in, h):
-        h = G.clamp_fn("remove_radial")(k, x_in, h)
-        inputs.append((x_in.double(), h.double()))
-        return h
-    with torch.no_grad():
-        run.model(x, state_fn=spy)
-    for x_in, h in inputs:  # per token <H_k - X_k, X_k> / (|X_k| |H_k - X_k|) ~ 0
-        d = h - x_in
-        cos = (d * x_in).sum(-1) / (d.norm(dim=-1) * x_in.norm(dim=-1))
-        assert cos.abs().max() < 1e-5
+        def spy(k, x_in, h):
+            h = fn(k, x_in, h)
+            log.append((x_in.double(), h.double()))
+            return h
+        with torch.no_grad():
+            run.model(x, state_fn=spy)
+
+    def cos(d, ref):
+        return ((d * ref).sum(-1) / (d.norm(dim=-1) * ref.norm(dim=-1))).abs().max()
+    official = seen["remove_radial"]
+    torch.testing.assert_close(official[0][1], free[0].double())  # loop 1 untouched
+    for (_, prev), (_, h) in zip(official, official[1:]):
+        assert cos(h - prev, prev) < 1e-5
+    if name == "inter_loop_norm":  # the fed state is normalised: not the reference
+        assert max(cos(h - x_in, x_in) for x_in, h in official[1:]) > 1e-3
+    for x_in, h in seen["remove_radial_from_embedding"]:
+        assert cos(h - x_in, x_in) < 1e-5
     res, _ = G.clamp(run)
-    none, rr, fz = (res["modes"][m] for m in G.CLAMP_MODES)
+    none, emb = res["modes"]["none"], res["modes"]["remove_radial_from_embedding"]
+    assert list(res["modes"]) == list(G.CLAMP_MODES)
     K = run.K
-    assert [r["k"] for r in rr] == list(range(1, K + 1))
-    for a, b in zip(none, rr):
+    for mode in G.CLAMP_MODES:
+        assert [r["k"] for r in res["modes"][mode]] == list(range(1, K + 1))
+        for a, b in zip(none, res["modes"][mode]):
+            assert a["delta_ce"] == 0 and a["rel_ppl"] == 1
+            assert b["delta_ce"] == pytest.approx(b["ce"] - a["ce"])
+            assert b["rel_ppl"] == pytest.approx(b["ppl"] / a["ppl"])
+        assert res["summary"][mode]["delta_ce_vs_none"] == res["modes"][mode][-1]["delta_ce"]
+    for a, b in zip(none, emb):
         assert abs(b["radial_update"]) < 1e-5 * b["update_norm"]
         assert abs(a["radial_update"]) > 1e-3 * a["update_norm"]
-        assert a["delta_ce"] == 0 and a["rel_ppl"] == 1
-        assert b["delta_ce"] == pytest.approx(b["ce"] - a["ce"])
-        assert b["rel_ppl"] == pytest.approx(b["ppl"] / a["ppl"])
-    # freeze_loop1 does not touch loop 1
-    assert fz[0]["ce"] == pytest.approx(none[0]["ce"], rel=1e-6)
+    # the official clamps do not touch loop 1
+    for mode in G.OFFICIAL_CLAMP_MODES:
+        assert res["modes"][mode][0]["ce"] == none[0]["ce"]
+
+
+def test_scale_sweep(env):
+    """alpha = 1 is the unscaled model's final exit; a scale-invariant readout is flat in alpha,
+    a raw one is not."""
+    for name, flat in (("rmsnorm", True), ("raw", False)):
+        run = _open(env, name)
+        res, n = G.scale(run)
+        assert n == run.ecfg.scale_tokens and res["alphas"] == list(G.SCALE_ALPHAS)
+        final = G.clamp(run)[0]["modes"]["none"][-1]
+        one = res["sweep"][G.SCALE_ALPHAS.index(1.0)]
+        assert one["ce"] == pytest.approx(final["ce"], rel=1e-6) and one["delta_ce"] == 0
+        if flat:
+            assert res["summary"]["ce_range"] < 1e-4
+        else:
+            assert res["summary"]["ce_range"] > 0.1
 
 
 # ---------------------------------------------------------------- norms and lemma

@@ -130,7 +130,7 @@ def test_two_ranks_equal_one_process(single, smoke_data, tmp_path, sets):
     assert_close_runs(single, out)
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["world_size"] == 2
-    info = json.loads((out / "config.json").read_text())
+    info = json.loads((out / "loopscale.json").read_text())
     assert info["env"]["distributed"] == {"world_size": 2, "fsdp": "fsdp=true" in sets, "backend": "gloo"}
     assert len(records(out)) == 5  # logged once (rank 0): 4 training records + validation
 
@@ -216,4 +216,4 @@ def test_smoke_run_trains_through_torchrun_in_the_pipeline(tmp_path):
     assert "torchrun --standalone --nproc-per-node 2 -m loopscale.cli train" in proc.stdout + proc.stderr
     summary = json.loads((repo / run / "summary.json").read_text())
     assert summary["status"] == "completed" and summary["world_size"] == 2 and summary["steps"] == 20
-    assert json.loads((repo / run / "config.json").read_text())["env"]["distributed"]["world_size"] == 2
+    assert json.loads((repo / run / "loopscale.json").read_text())["env"]["distributed"]["world_size"] == 2

@@ -1,5 +1,5 @@
 """DVC sees the results: `dvc metrics show` (results/<exp>/metrics.json), `dvc plots show`
-(figures + per-loop CSVs) and `dvc exp run -S` on an experiment's training keys, on the
+(the figures, static images) and `dvc exp run -S exp.yaml:...` on an experiment's training keys, on the
 smoke experiment (a copy of the session's completed smoke workspace, tests/test_pipeline.py)."""
 from __future__ import annotations
 
@@ -27,27 +27,24 @@ def repo(smoke_local, tmp_path_factory):  # noqa: F811
 def test_metrics_show(repo):
     shown = metrics_of(repo)
     assert shown == json.loads((repo / "results" / "smoke" / "metrics.json").read_text())
-    assert {k.split("/")[1] for k in shown} == {"rmsnorm-per_loop-none-residual", "raw-per_loop-none-residual"}
+    assert set(shown) == {"rmsnorm-per_loop-none-residual", "raw-per_loop-none-residual"}
     for v in shown.values():
-        assert v["ppl_K"] > 1 and v["norm_K"] > 0 and v["radial_fraction_K"] is not None and v["seeds"] == 1
+        assert v["ppl_K"] > 1 and v["norm_K"] > 0 and v["log10_radial_fraction_K"] < 0 and v["seeds"] == 1
 
 
 def test_plots_show(repo):
     plots = json.loads(run([DVC, "plots", "show", "--json"], repo).stdout)["data"]
     images = {p for p, entries in plots.items() if '"image"' in json.dumps(entries)}
     assert {f"results/smoke/figures/{f}.png" for f in FIGURES} <= images
-    for name, column in (("norm per loop (||H_k|| vs k)", "norm_mean"), ("radial fraction per loop",
-                                                                         "radial_fraction_mean")):
-        spec = json.dumps(plots[name])
-        assert '"vega"' in spec and f'"{column}"' in spec and "smoke" in spec
+    assert images == set(plots)  # static images only: the page renders offline
 
 
 def test_exp_run_sets_a_training_key(repo):
     before = metrics_of(repo)
-    run([DVC, "exp", "run", "smoke", "-S", "experiments.smoke.train.max_steps=5"], repo, timeout=900)
-    params = yaml.safe_load((repo / "params.yaml").read_text())
-    assert params["experiments"]["smoke"]["train"]["max_steps"] == 5
-    assert "# loopscale pipeline settings" in (repo / "params.yaml").read_text()  # comments kept
+    params_text = (repo / "params.yaml").read_text()
+    run([DVC, "exp", "run", "smoke", "-S", "exp.yaml:smoke.train.max_steps=5"], repo, timeout=900)
+    assert (repo / "params.yaml").read_text() == params_text  # the commented params.yaml is not rewritten
+    assert yaml.safe_load((repo / "exp.yaml").read_text())["smoke"]["train"]["max_steps"] == 5
     for r in smoke_runs(repo):
         assert json.loads((r / "summary.json").read_text())["steps"] == 5  # retrained at the new setting
     after = metrics_of(repo)

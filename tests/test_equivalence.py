@@ -31,11 +31,13 @@ def one_thread():
 B = 3  # sequences; smoke seq_len 32 -> 96 tokens, not a multiple of the chunk sizes below
 
 
-def tiny(readout="rmsnorm", recurrence="residual", dtype=torch.float64, init="pytorch"):
+def tiny(readout="rmsnorm", recurrence="residual", dtype=torch.float64, init="pytorch", loss="per_loop"):
     cfg = preset("smoke", {"model": {"readout": readout, "recurrence": recurrence, "dropout": 0.0,
-                                     "init": init}})
+                                     "init": init}, "objective": {"loss": loss}})  # adaptive: with the exit gate
     torch.manual_seed(0)
     model = LoopedLM(cfg.model).to(dtype)
+    model.schedule(1, 2)  # TaperNorm mid-taper (gate 0.5): both of its branches reach the loss
+    model.eval()  # no readout EMA updates (alpha readout, TaperNorm): every pass sees one model; dropout is 0
     g = torch.Generator().manual_seed(1)
     idx = torch.randint(0, cfg.model.vocab_size, (B, cfg.model.seq_len), generator=g)
     tgt = torch.randint(0, cfg.model.vocab_size, (B, cfg.model.seq_len), generator=g)
@@ -64,7 +66,7 @@ CONDITIONS = list(itertools.product(READOUTS, LOSSES, REGULARIZERS, RECURRENCES)
 
 @pytest.mark.parametrize("readout,loss,reg,rec", CONDITIONS)
 def test_chunked_equals_plain_every_condition(readout, loss, reg, rec):
-    model, idx, tgt = tiny(readout, rec)
+    model, idx, tgt = tiny(readout, rec, loss=loss)
     plain = loss_and_grads(model, idx, tgt, ObjectiveConfig(loss=loss, regularizer=reg, ce_impl="plain"))
     chunked = loss_and_grads(model, idx, tgt, ObjectiveConfig(loss=loss, regularizer=reg, ce_impl="chunked",
                                                               ce_chunk_tokens=7))
@@ -148,7 +150,7 @@ def test_backward_twice_with_retained_graph():
 def test_bf16_autocast_agrees_with_fp32(loss):
     """The CPU bf16-autocast training path (chunked CE in bf16 matmuls, fp32 softmax) agrees
     with fp32 within bf16 tolerance, in loss and in every parameter gradient."""
-    model, idx, tgt = tiny("rmsnorm", dtype=torch.float32, init="gpt2")
+    model, idx, tgt = tiny("rmsnorm", dtype=torch.float32, init="gpt2", loss=loss)
     obj = ObjectiveConfig(loss=loss, regularizer="norm_penalty", ce_chunk_tokens=40)
     ref_out, ref_g = loss_and_grads(model, idx, tgt, ObjectiveConfig(loss=loss, regularizer="norm_penalty",
                                                                       ce_impl="plain"))

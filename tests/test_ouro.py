@@ -193,8 +193,6 @@ def test_config_validation():
     s = preset_dict("smoke")
     with pytest.raises(ConfigError, match="Ouro track"):
         RunConfig.from_dict({**s, "model": {**s["model"], "readout": "final_alpha"}})
-    with pytest.raises(ConfigError, match="objective.exit_gate needs model.arch=ouro"):
-        RunConfig.from_dict({**s, "objective": {**s["objective"], "exit_gate": True}})
     with pytest.raises(ConfigError, match=r"model.alpha_fixed must be .*\[0, 1\]"):
         RunConfig.from_dict({**d, "model": {**d["model"], "alpha_fixed": 1.5}})
 

@@ -37,8 +37,10 @@ def test_every_ouro_readout_trains_and_loads(smoke_data, tmp_path, readout):
         assert torch.isfinite(model.logits(model(ids)[-1])).all()
 
 
-def test_exit_gate_objective_trains_the_gate(smoke_data, tmp_path):
-    c = cfg(exit_gate=True, exit_beta=0.05)
+def test_adaptive_loss_trains_the_exit_gate(smoke_data, tmp_path):
+    """loss=adaptive (Σ_k mean(p_k·CE_k) − w·H(p)) reads Ouro's early_exit_gate through exit_pdf."""
+    c = preset("ouro-smoke", {"objective": {"loss": "adaptive", "entropy_weight": 0.05},
+                              "train": {"max_steps": 6, "log_every": 3, "ckpt_every": 6, "eval_tokens": 512}})
     torch.manual_seed(0)
     from loopscale.model import build_model
     model = build_model(c.model)
@@ -118,11 +120,12 @@ def test_every_diagnostic_runs_on_an_imported_published_checkpoint(tmp_path):
     assert loopscale.load(run)[2].model.arch == "ouro"
 
 
-@pytest.mark.parametrize("gate", [False, True])
-def test_the_exit_gate_learns_only_under_its_objective(gate):
-    """Without objective.exit_gate no loss reads the gate: it is frozen (DDP refuses parameters
-    without gradients), and it trains with it."""
+@pytest.mark.parametrize("loss", ["terminal", "adaptive"])
+def test_the_exit_gate_learns_only_under_its_objective(loss):
+    """Without a loss that reads the gate it is frozen (DDP refuses parameters without
+    gradients); loss=adaptive trains it."""
     from loopscale.train import build
-    model, _, _ = build(cfg(exit_gate=gate), torch.device("cpu"))
-    assert model.model.early_exit_gate.weight.requires_grad is gate
+    c = preset("ouro-smoke", {"objective": {"loss": loss}})
+    model, _, _ = build(c, torch.device("cpu"))
+    assert model.model.early_exit_gate.weight.requires_grad is (loss == "adaptive")
     assert all(p.requires_grad for n, p in model.named_parameters() if "early_exit_gate" not in n)

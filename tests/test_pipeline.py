@@ -18,6 +18,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -172,7 +173,7 @@ def smoke_local(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def dry_workspace(tmp_path_factory):
-    """A copy of the working tree in which a valid dry run has written the run configs."""
+    """A copy of the working tree in which a valid dry run has succeeded (and written nothing)."""
     repo = copy_worktree(tmp_path_factory.mktemp("dry") / "repo")
     smk(repo, "-n", "-q", *SMOKE)
     return repo
@@ -194,7 +195,7 @@ def params():
 # ---------------------------------------------------------------------------
 def test_schema_enums_come_from_the_registry(monkeypatch):
     d = P.load_schema(SCHEMA)["$defs"]
-    assert tuple(R.READOUTS) == ("rmsnorm", "layernorm", "raw", "final_norm")
+    assert tuple(R.READOUTS)[:4] == ("rmsnorm", "layernorm", "raw", "final_norm")
     # the looped model's readouts, then the Ouro track's
     assert tuple(d["readout"]["enum"]) == R.axis_values("readout") == tuple(R.READOUTS) + tuple(R.OURO_READOUTS)
     assert tuple(d["loss"]["enum"]) == tuple(R.LOSSES)
@@ -429,7 +430,7 @@ def job_inputs(repo: Path, rule: str, *args: str) -> list[list[str]]:
 
 def test_smoke_dag(dry_workspace):
     c = counts(dry_run(dry_workspace))
-    n = len(list((dry_workspace / "runs" / "smoke").glob("*/*/seed*")))
+    n = len(P.load_and_validate(dry_workspace / "params.yaml", SCHEMA, overrides={"experiment": "smoke"})[1]["smoke"].runs)
     assert n >= 1
     assert c == {"prepare_data": 1, "train": n, "eval": n, "aggregate": 1, "figures": 1, "report": 1, "all": 1}
 
@@ -465,13 +466,34 @@ def test_a_held_experiment_lock_leaves_every_file_alone(dry_workspace):
         assert tree_digest(dry_workspace) == before
     finally:
         lock.close()
-    try:  # released: the next invocation writes the new configs
-        smk(dry_workspace, "-n", "-q", *SMOKE)
+    try:  # released: the next invocation (not a dry run, which puts back what it wrote) writes the new configs
+        smk(dry_workspace, "--list-rules", *SMOKE)
         cfg = yaml.safe_load(next((dry_workspace / "runs" / "smoke").glob("*/*/seed*/config.yaml")).read_text())
         assert cfg["train"]["max_steps"] == 21
     finally:
         (dry_workspace / "params.yaml").write_text(good)
-        smk(dry_workspace, "-n", "-q", *SMOKE)
+        smk(dry_workspace, "--list-rules", *SMOKE)
+
+
+def test_a_dry_run_leaves_no_trace(dry_workspace):
+    """`snakemake -n` on a temporary edit plans from the edited settings (a new seed, another
+    max_steps) but leaves no run directory, config or mtime changed behind."""
+    good = (dry_workspace / "params.yaml").read_text()
+    exps = P.load_and_validate(dry_workspace / "params.yaml", SCHEMA, overrides={"experiment": "smoke"})[1]
+    P.materialize(exps["smoke"], dry_workspace)  # the configs a real invocation wrote earlier
+    before = tree_digest(dry_workspace)
+    dirs = sorted(p for p in (dry_workspace / "runs").rglob("*") if p.is_dir())
+    try:
+        edit_params(dry_workspace, lambda p: p["experiments"]["smoke"].update(
+            seeds=[42, 7], train={"max_steps": 21, "threads": 1}))
+        assert counts(dry_run(dry_workspace))["train"] == 2 * len(exps["smoke"].runs)  # the new seed is planned
+        assert tree_digest(dry_workspace) == before
+        for flag in ("--dry-run", "-nq"):
+            smk(dry_workspace, flag, *SMOKE)
+            assert tree_digest(dry_workspace) == before, flag
+            assert sorted(p for p in (dry_workspace / "runs").rglob("*") if p.is_dir()) == dirs, flag
+    finally:
+        (dry_workspace / "params.yaml").write_text(good)
 
 
 def test_bad_params_stop_snakemake_with_one_line(dry_workspace):
@@ -487,7 +509,7 @@ def test_bad_params_stop_snakemake_with_one_line(dry_workspace):
     assert proc.stderr.strip().splitlines() == [
         "loopscale pipeline: error: params.yaml: experiments.smoke.conditions: unknown condition set "
         "'blind_spots'; define it under condition_sets (defined: paper7, loopscale9, blind_spot, "
-        "appendix_b, appendix_b_per_loop, ouro, ouro_all)"]
+        "confirm5, drifting, appendix_b, appendix_b_per_loop, ouro, ouro_all)"]
     assert tree_digest(dry_workspace) == before
 
 
@@ -651,7 +673,7 @@ def test_a_thread_setting_reruns_nothing(smoke_local, tmp_path):
     edit_params(repo, lambda p: p["experiments"]["smoke"]["train"].__setitem__("threads", 2))
     assert set(counts(dry_run(repo))) == {"report", "all"}
     for run in smoke_runs(repo):  # the job's threads reached training (params.yaml: threads 1)
-        assert json.loads((run / "config.json").read_text())["config"]["train"]["threads"] == 1
+        assert json.loads((run / "loopscale.json").read_text())["config"]["train"]["threads"] == 1
 
 
 @pytest.mark.slow
@@ -709,7 +731,7 @@ def test_bad_params_fail_fast_and_leave_a_completed_run_byte_identical(smoke_loc
         (good.replace("  blind_spot:\n    - {readout: rmsnorm, loss: per_loop}\n",
                       "  blind_spot:\n    - {readout: rms, loss: per_loop}\n"),
          "params.yaml: condition_sets.blind_spot[0].readout: unknown value 'rms'; "
-         "choose one of rmsnorm, layernorm, raw, final_norm"),
+         "choose one of " + ", ".join(R.READOUTS)),
     ]
     for text, message in cases:
         assert text != good
@@ -758,8 +780,7 @@ def test_dvc_repro_push_pull(smoke_local, tmp_path, record_property):
     assert len(smoke_runs(b)) == len(smoke_runs(a))
     smk(b, "--touch", "--cores", "1", *SMOKE)
     rules = counts(dry_run(b))
-    # results/smoke is neither in git nor in the DVC cache (cache: false): only the
-    # aggregates are rebuilt, nothing is retrained or re-evaluated
+    # data, runs and results come from the remote: nothing is retrained or re-evaluated
     assert not {"prepare_data", "train", "eval"} & set(rules), rules
 
 
@@ -814,3 +835,32 @@ def test_a_killed_snakemake_needs_unlock_before_rerun_incomplete(tmp_path):
     smk(repo, "--unlock", *SMOKE)
     smk(repo, "--cores", "1", "--rerun-incomplete", *SMOKE, *target)
     assert (repo / "data" / "smoke" / "meta.json").is_file()
+
+
+@pytest.mark.slow
+def test_snakemake_interrupted_alone_never_retrains_a_finished_run(tmp_path):
+    """SIGINT to the snakemake process alone (not its group): Snakemake waits for the running
+    training job, which finishes, then records it incomplete; `--rerun-incomplete` deletes its
+    model.pt and summary.json and reruns it, and the run is put back, not retrained."""
+    repo = copy_worktree(tmp_path / "repo")
+    edit_params(repo, lambda p: p["experiments"]["smoke"]["train"].update(max_steps=300))
+    exps = P.load_and_validate(repo / "params.yaml", SCHEMA, overrides={"experiment": "smoke"})[1]
+    run_dir = repo / exps["smoke"].runs[0].dir
+    target = str(run_dir.relative_to(repo) / "model.pt")
+    proc = subprocess.Popen([SNAKEMAKE, target, "--cores", "1", *SMOKE], cwd=repo, env=pipeline_env(repo),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    t0 = time.monotonic()
+    while not (run_dir / "config.json").exists():  # the training job has started
+        assert proc.poll() is None and time.monotonic() - t0 < 300, proc.stdout.read()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    out = proc.communicate(timeout=600)[0]
+    assert proc.returncode != 0 and "Terminating processes on user request" in out, out
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["steps"] == 300  # the job ran to its end
+    model = (run_dir / "model.pt").read_bytes()
+    again = smk(repo, target, "--cores", "1", "--rerun-incomplete", *SMOKE)
+    assert "ncomplete" in again.stdout + again.stderr  # Snakemake did see it as incomplete
+    log = (repo / "logs" / run_dir.relative_to(repo / "runs") / "train.log").read_text()
+    assert "kept the finished run" in log and "done:" not in log, log  # restored, not trained again
+    assert (run_dir / "model.pt").read_bytes() == model

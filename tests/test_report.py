@@ -33,7 +33,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 # ---------------------------------------------------------------------------
 def make_run(root: Path, readout="rmsnorm", loss="per_loop", regularizer="none", recurrence="residual", seed=42,
              status="completed", exit_ppl=(30.0, 20.0, 10.0), norm_k=(5.0, 8.0, 12.0), radial=None, clamp_dce=None,
-             diags=("depth", "throughput", "norms", "radial", "lemma", "clamp", "halting"), config_json=True,
+             diags=("depth", "throughput", "norms", "radial", "lemma", "clamp", "halting", "scale"), config_json=True,
              summary=True, diverged_at=17) -> Path:
     cfg = preset("smoke", {"model": {"readout": readout, "recurrence": recurrence},
                            "objective": {"loss": loss, "regularizer": regularizer},
@@ -78,7 +78,12 @@ def make_run(root: Path, readout="rmsnorm", loss="per_loop", regularizer="none",
                     "norm": norm_k[-1] * k / K} for k in range(K + 1, 3 * K + 1)]
     radial = radial if radial is not None else ([1e-12] * K if readout in ("rmsnorm", "layernorm") else [1e-2] * K)
     clamp_dce = clamp_dce if clamp_dce is not None else {"remove_radial": 0.001, "freeze_loop1": 0.002}
+    alphas = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)
+    slope = 0.0 if readout in ("rmsnorm", "layernorm", "final_norm") else 0.5  # raw final readout: CE rises with |log alpha|
     payloads = {
+        "scale": {"alphas": list(alphas), "sweep": [
+            {"alpha": a, "ce": ces[-1] + slope * abs(math.log(a)), "ppl": math.exp(ces[-1] + slope * abs(math.log(a))),
+             "delta_ce": slope * abs(math.log(a))} for a in alphas]},
         "depth": {"k_train": K, "exits": rows, "depth": deep},
         "throughput": {"depth": [{"k": k, "tokens_per_s": 9000.0 / k} for k in range(1, 3 * K + 1)]},
         "norms": {"loops": [{"k": k + 1, "norm": norm_k[k], "mean": norm_k[k]} for k in range(K)],
@@ -152,6 +157,20 @@ def test_mean_std_over_seeds_and_seed_count(grid, tmp_path):
     dp = tables["depth"].df
     raw = dp[(dp.condition_id == condition("raw", "per_loop").slug) & (dp.kind == "exit") & (dp.k == 1)].iloc[0]
     assert raw["ppl_mean"] == pytest.approx(30.0) and raw["ppl_n"] == 2
+
+
+def test_scale_table(grid):
+    t = {t.name: t for t in build_tables(runs_of(grid))}["scale"]
+    df = t.df
+    rms = df[df.condition_id == condition("rmsnorm", "per_loop").slug]
+    raw = df[df.condition_id == condition("raw", "per_loop").slug]
+    assert len(rms) == len(raw) == 10  # every alpha of the sweep
+    assert (rms["delta_ce_mean"] == 0).all() and rms.set_index("alpha").loc[1.0, "ce_n"] == 2
+    r10 = raw.set_index("alpha").loc[10.0]
+    assert r10["delta_ce_mean"] == pytest.approx(0.5 * math.log(10)) and r10["ce_n"] == 1  # seed 2: no eval files
+    line = next(l for l in t.md.splitlines() if "per-loop CE + raw readout |" in l)
+    assert line.endswith("| 1.15 |") and "| 1/2 |" in line  # max |ΔCE| of the raw model: 0.5·ln 10
+    assert "scale_sensitivity.py" in t.md
 
 
 def test_failed_and_diverged_runs_shown_and_excluded(grid):
@@ -268,13 +287,21 @@ def test_claim_f_scale_control():
 def test_claim_g_clamp():
     rms = dict(ppl=(100.0, 100.0, 100.0))  # CE gap to raw: log(100) - log(50) = 0.69 nats -> threshold 0.17
     raw = cs(RAW, ppl=(50.0, 50.0, 50.0))
-    assert verdict(C.claim_clamp, cs(RMS, clamp={"freeze_loop1": 0.05, "remove_radial": -0.1}, **rms), raw) \
-        == C.REPRODUCED
+    # the rule in force reads freeze_loop1 only; remove_radial is reported beside it
+    res = C.claim_freeze({s.cond: s for s in (cs(RMS, clamp={"freeze_loop1": 0.05, "remove_radial": 0.3}, **rms),
+                                               raw)})
+    assert res.verdict == C.REPRODUCED and "remove_radial |ΔCE| 0.3000" in res.ours
+    assert verdict(C.claim_freeze, cs(RMS, clamp={"freeze_loop1": 0.3, "remove_radial": 0.01}, **rms), raw) \
+        == C.NOT_REPRODUCED
+    # as registered: the worse of remove_radial and freeze_loop1 (other clamp modes never enter)
+    assert verdict(C.claim_clamp, cs(RMS, clamp={"freeze_loop1": 0.05, "remove_radial": -0.1,
+                                                 "remove_radial_from_embedding": 0.9}, **rms), raw) == C.REPRODUCED
     assert verdict(C.claim_clamp, cs(RMS, clamp={"freeze_loop1": 0.05, "remove_radial": -0.3}, **rms), raw) \
         == C.NOT_REPRODUCED
     # without the raw condition only the absolute floor applies
-    assert verdict(C.claim_clamp, cs(RMS, clamp={"freeze_loop1": 0.005}, **rms)) == C.REPRODUCED
-    assert verdict(C.claim_clamp, cs(RMS, clamp={"freeze_loop1": 0.05}, **rms)) == C.NOT_REPRODUCED
+    assert verdict(C.claim_freeze, cs(RMS, clamp={"freeze_loop1": 0.005}, **rms)) == C.REPRODUCED
+    assert verdict(C.claim_freeze, cs(RMS, clamp={"freeze_loop1": 0.05}, **rms)) == C.NOT_REPRODUCED
+    assert verdict(C.claim_freeze, cs(RMS, **rms), raw) == C.NOT_RUN
     assert verdict(C.claim_clamp, cs(RMS, **rms), raw) == C.NOT_RUN
 
 
@@ -283,8 +310,13 @@ def test_claims_from_run_directories(grid):
     assert res["a"].verdict == "reproduced (2/2 seeds)"  # 1200 vs 12; seeds 1 and 2 of both conditions
     assert res["c"].verdict == "reproduced (1/1 seed)"  # 8 vs 1200; only seed 1 has the inter-loop run
     assert res["d"].verdict == "reproduced (1/1 seed)"  # 1e-12 vs 1e-2; raw seed 2 has no radial.json
-    assert res["e"].outcome == res["f"].outcome == C.REPRODUCED  # flat vs 30 -> 8; 8 vs 11
+    assert res["e"].outcome == C.REPRODUCED  # flat vs 30 -> 8
+    # (f) amended: raw is worse at exit 2 (12 vs 11); as registered (final exit only: 8 vs 11) it held
+    assert res["f"].outcome == C.NOT_REPRODUCED and res["f"].registered_verdict.startswith(C.REPRODUCED)
+    assert res["f"].amendment.startswith("amended after results, because")
     assert res["g"].outcome == C.REPRODUCED  # |ΔCE| 0.002 vs gap 0.32
+    assert res["e2"].outcome == C.REPRODUCED  # raw gains 73% from depth, RMSNorm 0%
+    assert res["c"].registered_verdict.startswith(C.REPRODUCED)  # 8 ≤ 10·√64 and 1200 ≥ 10 × 8
     assert res["a"].seed_verdicts == {1: C.REPRODUCED, 2: C.REPRODUCED}
     assert res["c"].seed_verdicts == {1: C.REPRODUCED, 2: C.NOT_RUN}
     assert all(r.rule for r in res.values())
@@ -356,7 +388,7 @@ def test_cli_outputs_are_deterministic(grid, tmp_path, monkeypatch):
     for name in outs[0]:
         assert outs[0][name] == outs[1][name], name
     names = set(outs[0])
-    for t in ("main", "depth", "norms", "radial", "lemma", "clamp", "halting", "drift", "runs", "claims"):
+    for t in ("main", "depth", "norms", "radial", "lemma", "clamp", "scale", "halting", "drift", "runs", "claims"):
         assert f"{t}.csv" in names and f"{t}.md" in names
     assert "per_seed.csv" in names and "figures/drift.png" in names and "figures/ppl_depth.pdf" in names
     report = outs[0]["REPORT.md"].decode()
@@ -409,9 +441,12 @@ def test_drift_law_recovers_a_power_law_and_a_log_law():
     fits = drift.fit_laws(t, 50 + 10 * np.log(t))
     assert drift.choose(fits).law == "log" and fits["log"].r2 == pytest.approx(1.0)
     assert fits["log"].predict(1e4) == pytest.approx(50 + 10 * math.log(1e4))
-    # the paper's 44M recipe: ~103M tokens, 257-token windows every 128 tokens, batch 64, 4 epochs
-    assert drift.paper_steps() == 4 * ((103_000_000 - 256 + 127) // 128 // 64) == 50292
-    assert drift.paper_steps(batch_size=32) == 100584
+    # the paper's 44M recipe on its token stream: 103,227,021 WikiText-103 words × 2.05 regex tokens per word,
+    # 257-token windows every 128 tokens, batch 64, 4 epochs (≈100k steps, not the ≈50k that words would give)
+    n = round(103_227_021 * 2.05)
+    windows = -(-(n - 256) // 128)
+    assert drift.paper_steps() == 4 * -(-windows // 64) == 103328  # the official DataLoader keeps the short batch
+    assert drift.paper_steps(batch_size=32) == 206656
 
 
 def test_drift_table_extrapolates_with_an_interval(tmp_path):
@@ -430,6 +465,11 @@ def test_drift_table_extrapolates_with_an_interval(tmp_path):
     expect = 5.0 * 1.015 * paper_steps() ** 0.5
     assert row.norm_K_at_target == pytest.approx(expect, rel=0.02)
     assert row.ci_low <= row.norm_K_at_target <= row.ci_high and row.ci_high / row.ci_low < 1.2
+    # both laws extrapolated to both paper targets; the band spans both laws' intervals
+    assert row.steps_44m == paper_steps() and row.steps_129m == paper_steps(batch_size=32)
+    assert row.band_44m_low <= min(row.power_44m_low, row.log_44m_low)
+    assert row.band_44m_high >= max(row.power_44m_high, row.log_44m_high) > row.power_at_44m
+    assert row.power_at_129m > row.power_at_44m and row.bootstrap == "runs"
     raw = t.df[t.df.condition_id == condition("raw", "per_loop").slug].iloc[0]
     assert raw.law == "" and math.isnan(raw.norm_K_at_target)
     assert "too few log records" in t.md and "extrapolation" in t.md
@@ -484,3 +524,124 @@ def test_ppl_axes_zoom_to_the_band_at_k_train():
     _lift_titles(fig)
     assert top.get_title() == "PPL" and ax.get_title() == ""
     plt.close(fig)
+
+
+# ---------------------------------------------------------------------------
+# the amended and added rules, registered verdicts, robustness
+# ---------------------------------------------------------------------------
+def cs_exits(cond, ppl, norms, growth=float("nan"), d_model=64, n=2):
+    s = cs(cond, norm=norms[-1], ppl=ppl, n=n, d_model=d_model)
+    s.exit_norm = list(norms)
+    s.accumulation = norms[-1] / norms[0]
+    s.growth = growth
+    return s
+
+
+def test_claim_c_amended_tests_accumulation_not_magnitude():
+    flat = (10.0, 10.0, 10.0, 10.0)
+    # inter-loop norm: large but flat across loops (A = 1.0); residual accumulates (A = 4)
+    il = cs_exits(C.INTER_LOOP, flat, (400.0, 410.0, 405.0, 400.0), growth=0.49)
+    res = cs_exits(RMS, flat, (500.0, 1000.0, 1500.0, 2000.0), growth=0.45)
+    r = C.claim_accumulation({s.cond: s for s in (il, res)})
+    assert r.verdict == C.REPRODUCED
+    assert "t^0.49" in r.ours and "‖H_K‖ 400" in r.ours  # magnitude and growth reported as facts
+    # the registered magnitude rule fails on the same numbers (400 > 10·√64 = 80)
+    assert verdict(C.claim_inter_loop, il, res) == C.NOT_REPRODUCED
+    # accumulation inside the inter-loop model (A = 3) fails; so does a residual model that does not accumulate
+    il3 = cs_exits(C.INTER_LOOP, flat, (100.0, 200.0, 250.0, 300.0))
+    assert verdict(C.claim_accumulation, il3, res) == C.NOT_REPRODUCED
+    res1 = cs_exits(RMS, flat, (500.0, 520.0, 530.0, 540.0))
+    assert verdict(C.claim_accumulation, il, res1) == C.NOT_REPRODUCED  # 1.08 < 2 × 1.0
+    assert verdict(C.claim_accumulation, il) == C.NOT_RUN
+
+
+def test_claim_e2_depth_gain():
+    rms = cs_exits(RMS, (4.98, 4.95, 4.95, 4.97), (1, 2, 3, 4))
+    raw = cs_exits(RAW, (4.68, 4.55, 4.54, 4.55), (1, 1, 1, 1))
+    fin = cs_exits(C.PER_LOOP_FINAL, (4.70, 4.57, 4.56, 4.55), (1, 1, 1, 1))
+    assert verdict(C.claim_depth_gain, rms, raw, fin) == C.REPRODUCED  # paper Table 1 129M
+    flat = cs_exits(C.PER_LOOP_FINAL, (4.70, 4.70, 4.70, 4.69), (1, 1, 1, 1))
+    assert verdict(C.claim_depth_gain, rms, raw, flat) == C.NOT_REPRODUCED  # 0.2% < 1%
+    steep_rms = cs_exits(RMS, (5.5, 5.0, 4.9, 4.8), (1, 2, 3, 4))  # the drifting model gains 12.7%
+    assert verdict(C.claim_depth_gain, steep_rms, raw) == C.NOT_REPRODUCED
+    assert verdict(C.claim_depth_gain, raw) == C.NOT_RUN
+
+
+def test_claim_f_amended_compares_at_matched_depth():
+    rms = cs_exits(RMS, (4.98, 4.95, 4.95, 4.97), (1, 2, 3, 4))
+    raw = cs_exits(RAW, (4.68, 4.55, 4.54, 4.55), (1, 1, 1, 1))
+    assert verdict(C.claim_matched_depth, rms, raw) == C.REPRODUCED
+    # better at K but worse at exit 2: the registered rule passes, the amended one does not
+    late = cs_exits(C.PER_LOOP_FINAL, (6.0, 5.2, 4.9, 4.5), (1, 1, 1, 1))
+    assert verdict(C.claim_scale_control, rms, late) == C.REPRODUCED
+    assert verdict(C.claim_matched_depth, rms, late) == C.NOT_REPRODUCED
+    # exit 1 is not compared (k = 2..K)
+    assert verdict(C.claim_matched_depth, rms, cs_exits(RAW, (9.0, 4.5, 4.5, 4.5), (1, 1, 1, 1))) == C.REPRODUCED
+
+
+def test_claim_g_amended_uses_freeze_loop1_only():
+    rms = dict(ppl=(100.0, 100.0, 100.0))  # gap to raw 0.69 nats -> threshold 0.17
+    raw = cs(RAW, ppl=(50.0, 50.0, 50.0))
+    big_remove = cs(RMS, clamp={"freeze_loop1": 0.05, "remove_radial": -0.3}, **rms)
+    assert verdict(C.claim_freeze, big_remove, raw) == C.REPRODUCED
+    assert verdict(C.claim_clamp, big_remove, raw) == C.NOT_REPRODUCED  # registered: max over modes
+    r = C.claim_freeze({s.cond: s for s in (big_remove, raw)})
+    assert "remove_radial |ΔCE| 0.3000" in r.ours  # reported beside it
+    assert verdict(C.claim_freeze, cs(RMS, clamp={"freeze_loop1": 0.2}, **rms), raw) == C.NOT_REPRODUCED
+    assert verdict(C.claim_freeze, cs(RMS, clamp={"remove_radial": 0.01}, **rms), raw) == C.NOT_RUN
+
+
+def test_robustness_line_shows_the_verdict_over_thresholds():
+    spec = next(s for s in C.CLAIM_SPECS if s.fn is C.claim_drift)
+    t = {s.cond: s for s in (cs(RMS, norm=300.0), cs(RAW, norm=20.0))}  # ratio 15
+    assert C.robustness(spec, t) == "ratio_min 3, 5, 10: reproduced; 20, 50: not reproduced"
+    assert C.robustness(spec, {RMS: cs(RMS)}) == ""  # not run at any threshold
+    # every grid holds the registered default, and every rule accepts its knob
+    for s in C.CLAIM_SPECS:
+        import inspect
+        default = inspect.signature(s.fn).parameters[s.knob].default
+        assert default in s.grid, s.fn.__name__
+
+
+def test_claims_markdown_keeps_registered_rule_and_verdict(grid, tmp_path):
+    results = C.evaluate_groups(group_runs(runs_of(grid)))
+    assert [r.id for r in results] == ["a", "b", "c", "d", "e", "e2", "f", "g"]
+    md = C.claims_markdown(results)
+    assert md.count("amended after results, because") == 3 and md.count("added after results, because") == 1
+    assert "Registered rule: ‖H_K‖(per-loop CE + RMSNorm + inter-loop norm) ≤ 10·√d" in md
+    rows = {r.id: r.as_dict() for r in results}
+    assert rows["a"]["robustness"].startswith("ratio_min ") and rows["a"]["amendment"] == ""
+    assert rows["g"]["registered_rule"].startswith("on per-loop CE + RMSNorm, max over clamps")
+
+
+def test_drift_bootstrap_resamples_runs_or_blocks_never_records():
+    from loopscale.report import drift
+    a = (np.arange(10.0, 110.0, 10.0), np.full(10, 1.0))
+    b = (np.arange(10.0, 110.0, 10.0), np.full(10, 2.0))
+    for t, y in drift.bootstrap_resamples([a, b], n=50):
+        # whole runs: each resample is two runs' records, each run's records all present
+        assert len(t) == 20 and set(np.unique(y)) <= {1.0, 2.0} and (np.sum(y == 1.0) % 10 == 0)
+    size = 10 // drift.BLOCKS
+    for t, y in drift.bootstrap_resamples([a], n=50):
+        # one run: BLOCKS blocks of consecutive steps
+        assert len(t) == drift.BLOCKS * size
+        blocks = t.reshape(drift.BLOCKS, size)
+        assert (np.diff(blocks, axis=1) == 10.0).all()
+
+
+def test_norm_per_loop_draws_the_headline_condition_on_top_and_labels_it(tmp_path, monkeypatch):
+    from loopscale.report import figures as Fg
+    root = tmp_path / "runs"
+    make_run(root, seed=1, norm_k=(100.0, 190.0, 374.0))
+    make_run(root, readout="layernorm", seed=1, norm_k=(101.0, 191.0, 376.0))  # almost the same curve
+    make_run(root, readout="raw", seed=1, norm_k=(5.0, 5.0, 5.1))
+    got = {}
+    monkeypatch.setattr(Fg, "_save", lambda fig, path: got.setdefault("fig", fig) and path)
+    Fg.fig_norm_per_loop(group_runs(runs_of(root)), tmp_path / "f.png")
+    ax = got["fig"].axes[0]
+    lines = [ln for ln in ax.get_lines() if len(ln.get_xdata()) == 3]
+    top = max(lines, key=lambda ln: ln.get_zorder())
+    assert list(top.get_ydata()) == [100.0, 190.0, 374.0]  # per-loop RMSNorm, not LayerNorm, on top
+    texts = [t.get_text() for t in ax.texts]
+    assert any("per-loop CE + RMSNorm readout: ‖H_K‖ = 374" in t for t in texts)
+    assert ax.get_ylim()[1] >= 374 * 1.8

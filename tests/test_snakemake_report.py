@@ -10,7 +10,8 @@ import pytest
 from loopscale.report.figures import FIGURES
 from test_pipeline import SMOKE, smk, smoke_local  # noqa: F401  (fixture)
 
-TABLES = ["claims", "main", "depth", "norms", "norm_loops", "radial", "lemma", "clamp", "halting", "drift", "runs"]
+TABLES = ["claims", "main", "depth", "norms", "norm_loops", "radial", "lemma", "clamp", "scale", "halting", "drift",
+          "runs"]
 
 pytestmark = pytest.mark.slow
 

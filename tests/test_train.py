@@ -40,9 +40,9 @@ def test_run_writes_its_files_and_provenance(smoke_data, tmp_path):
     s = train(cfg(), smoke_data, tmp_path / "run", progress=False)
     assert s["status"] == "completed" and s["steps"] == 24
     run = tmp_path / "run"
-    assert {p.name for p in run.iterdir()} >= {"config.json", "metrics.jsonl", "model.pt", "summary.json"}
+    assert {p.name for p in run.iterdir()} >= {"loopscale.json", "config.json", "metrics.jsonl", "model.pt", "summary.json"}
     assert not (run / "state.pt").exists()  # resumable state is dropped once finished
-    info = json.loads((run / "config.json").read_text())
+    info = json.loads((run / "loopscale.json").read_text())
     assert info["config"]["model"]["dropout"] == 0.1
     for key in ("loopscale", "git_commit", "torch", "device"):
         assert key in info["env"]

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from .config import BENCH_PRESETS, RunConfig, merge, preset
+from .config import BENCH_PRESETS, ConfigError, RunConfig, merge, preset
 from .evaluate import depth_ce
 from .model import count_params, flops_per_token
 from .objective import compute_loss
@@ -134,7 +134,7 @@ def flop_count(cfg: RunConfig) -> dict:
     """Model FLOPs of one training token and how they are counted."""
     m = cfg.model
     K = m.n_loops
-    R = K if cfg.objective.loss == "per_loop" else 1  # readouts whose CE enters the loss
+    R = K if cfg.objective.loss in ("per_loop", "adaptive") else 1  # readouts whose CE enters the loss
     fwd = flops_per_token(m, K, R)
     head = R * 2 * m.d_model * m.vocab_size
     return {"forward_per_token": fwd, "train_per_token": 3 * fwd, "stack_forward_per_token": fwd - head,
@@ -536,6 +536,10 @@ def cmd_bench(args) -> int:
     if args.generate:  # generation speed of a trained run (generate.py)
         from .generate import bench_generation_cli
         return bench_generation_cli(args.generate, args.new_tokens, args.device or "cpu", args.threads, args.out)
+    for flag, v, lo in (("--steps", args.steps, 1), ("--warmup", args.warmup, 0),
+                        ("--eval-batches", args.eval_batches, 1), ("--eval-warmup", args.eval_warmup, 0)):
+        if v < lo:
+            raise ConfigError(f"{flag} must be >= {lo}, got {v}")
     if args.preset in BENCH_PRESETS and not args.config:
         cfg = bench_config(args.preset, parse_overrides(args.overrides) if args.overrides else None)
     else:

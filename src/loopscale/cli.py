@@ -2,6 +2,7 @@
 
   loopscale config        resolve a preset + config file + overrides into one config file
   loopscale prepare-data  fetch/read the corpus, fit the tokenizer, write uint16 splits
+  loopscale data-stats    words, tokens, <unk> shares and training steps of prepared data
   loopscale train         train one run (resumes from its state.pt)
   loopscale params        print the parameter count of a config
 
@@ -56,9 +57,30 @@ def cmd_prepare_data(args) -> int:
         if not Path(args.tokenizer).is_file():
             raise FileNotFoundError(f"tokenizer file {args.tokenizer} not found")
         from tokenizers import Tokenizer
-        tok = Tokenizer.from_file(args.tokenizer)
+        raw = Path(args.tokenizer).read_bytes()  # unreadable: the file system's one line
+        try:
+            tok = Tokenizer.from_str(raw.decode("utf-8"))
+        except Exception as e:  # not UTF-8, not JSON, not a tokenizers schema
+            first = (str(e).splitlines() or [type(e).__name__])[0][:160]
+            raise D.DataError(f"tokenizer file {args.tokenizer} is not a tokenizers JSON file ({first})") from None
     meta = D.prepare_data(cfg.data, args.out, tokenizer=tok)
     print(json.dumps({k: meta.get(k) for k in ("vocab_size", "tokens")}))
+    return 0
+
+
+def cmd_data_stats(args) -> int:
+    from . import data as D
+    train = None
+    if args.config or args.preset or args.overrides:  # a run's own step count beside the paper's
+        cfg = config_from_args(args)
+        t = cfg.train
+        train = dict(seq_len=cfg.model.seq_len, stride=t.stride, batch_size=t.batch_size, epochs=t.epochs,
+                     max_steps=t.max_steps)
+    text = json.dumps(D.data_stats(args.data, train), indent=2, sort_keys=True) + "\n"
+    if args.out:
+        from .io import atomic_write_text
+        atomic_write_text(args.out, text)
+    sys.stdout.write(text)
     return 0
 
 
@@ -66,8 +88,11 @@ def cmd_train(args) -> int:
     from .data import DataError
     from .distributed import env_world
     from .io import CheckpointError, RunLocked
-    from .train import Preempted, record_failure, train
+    from .train import Preempted, lost_peer, record_failure, train
     cfg = config_from_args(args)
+    if args.stop_with_parent:
+        from .train import stop_with_parent
+        stop_with_parent()
     if args.drop_stale_state:
         from .pipeline import drop_stale_state
         drop_stale_state(args.out, cfg)
@@ -80,8 +105,11 @@ def cmd_train(args) -> int:
     except Exception as e:
         if not args.record_failure:
             raise
-        if env_world()[0] != 0:  # under torchrun only rank 0 records a failure; another rank's
-            raise                # crash fails the job (torchrun stops the others; a retry resumes)
+        rank, world = env_world()[:2]
+        if rank != 0:  # under torchrun only rank 0 records a failure; another rank's
+            raise      # crash fails the job (torchrun stops the others; a retry resumes)
+        if lost_peer(e, world):  # ... also where rank 0 sees it first, as a broken collective
+            raise
         summary = record_failure(cfg, args.out, e)
         print(f"loopscale: run failed and was recorded as failed in {args.out}/summary.json: "
               f"{summary['error']}", file=sys.stderr)
@@ -96,6 +124,23 @@ def cmd_params(args) -> int:
     cfg = config_from_args(args)
     print(f"{count_params(cfg.model):,}")
     return 0
+
+
+def check_common_args(args) -> None:
+    """The arguments several commands share, bounded once for all of them: --threads (torch
+    segfaults on 100,000), --seed (torch and numpy take a non-negative int64), --device."""
+    import re
+
+    from .config import DEVICES, MAX_THREADS, SEED, THREADS
+    threads = getattr(args, "threads", None)
+    if threads is not None and threads not in THREADS:
+        raise ConfigError(f"--threads must be in [0, {MAX_THREADS}] (0: torch's default), got {threads}")
+    seed = getattr(args, "seed", None)
+    if seed is not None and seed not in SEED:
+        raise ConfigError(f"--seed must be an integer {SEED}, got {seed}")
+    device = getattr(args, "device", None)
+    if device is not None and not re.fullmatch(r"(auto|cpu|mps|cuda(:\d+)?)", str(device)):
+        raise ConfigError(f"unknown --device {device!r}; choose {', '.join(DEVICES)} (or cuda:N)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -114,6 +159,12 @@ def build_parser() -> argparse.ArgumentParser:
                                        "(e.g. RUN/tokenizer.json of a converted model)")
     p.set_defaults(func=cmd_prepare_data)
 
+    p = sub.add_parser("data-stats", help="words, tokens, <unk> shares and training steps of prepared data")
+    p.add_argument("--data", required=True, help="prepared data directory (loopscale prepare-data)")
+    add_config_args(p)
+    p.add_argument("--out", help="also write the JSON here (atomic)")
+    p.set_defaults(func=cmd_data_stats)
+
     p = sub.add_parser("train", help="train one run")
     add_config_args(p)
     p.add_argument("--data", required=True, help="prepared data directory")
@@ -125,6 +176,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on a crash, write summary.json with status 'failed' and exit 0 (pipeline use)")
     p.add_argument("--drop-stale-state", action="store_true",
                    help="delete a state.pt written with other training settings instead of refusing it (pipeline use)")
+    p.add_argument("--stop-with-parent", action="store_true",
+                   help="stop as on SIGTERM (checkpoint, exit 143) when the parent process dies (pipeline use)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("params", help="print the parameter count")
@@ -151,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
                         datefmt="%Y-%m-%d %H:%M:%S", stream=sys.stderr)
     try:
+        check_common_args(args)
         return args.func(args) or 0
     except (ConfigError, DataError, CheckpointError, RunLocked) as e:
         print(f"loopscale: error: {e}", file=sys.stderr)

@@ -27,9 +27,13 @@ INITS = ("pytorch", "gpt2")
 SOURCES = ("builtin", "wikitext-103", "wikitext-2", "text-files")
 TOKENIZERS = ("word", "bpe")
 FIT_ON = ("train+validation", "train")
+# paper: the official stream (rows, fitted per row, joined with "\n\n": row boundaries are <unk>);
+# joined: loopscale's earlier rule (blank lines dropped, fitted on the joined text). docs/data.md
+TOKENIZATIONS = ("paper", "joined")
 DEVICES = ("auto", "cpu", "cuda", "mps")
 PRECISIONS = ("auto", "fp32", "bf16")
 CE_IMPLS = ("chunked", "plain")
+ALPHA_S_REFS = ("ema", "fixed", "learned")
 
 
 class ConfigError(ValueError):
@@ -50,11 +54,22 @@ class ModelConfig:
     readout: str = "rmsnorm"  # loopscale.registry.READOUTS
     recurrence: str = "residual"  # loopscale.registry.RECURRENCES
     init: str = "pytorch"  # pytorch (paper: N(0,1) embeddings) | gpt2 (N(0, 0.02))
+    # the official release's model options (docs/diagnostics.md, "Model options of the official release")
+    alpha_init: float = 0.5  # readout=alpha_readout: the learned α's start (alpha_readout.init_alpha)
+    alpha_fixed: Optional[float] = None  # a constant α in [0, 1] instead of a learned one (fixed_alpha)
+    alpha_min: float = 0.0  # the learned α's range (alpha_readout.alpha_min / alpha_max)
+    alpha_max: float = 1.0
+    alpha_s_ref: str = "ema"  # ema | fixed | learned (alpha_readout.s_ref_mode)
+    alpha_ema_decay: float = 0.99  # of the EMA s_ref (alpha_readout.ema_decay)
+    alpha_log_s_ref: float = 0.0  # log s_ref's start (alpha_readout.init_log_s_ref)
+    alpha_per_loop: bool = False  # one alpha readout per exit (alpha_readout.per_loop_alpha)
+    taper_ema_decay: float = 0.99  # readout=tapernorm: calibration EMA (taper_norm.ema_decay)
+    taper_warmup_frac: float = 0.05  # share of training at gate 1 (taper_norm.gate_warmup_frac)
+    taper_decay_frac: Optional[float] = None  # share of training the gate decays over (None: the rest)
+    exit_gate: bool = False  # a learned exit gate Linear(d, 1) on H_k (on whenever objective.loss reads it)
     arch: str = "looped"  # loopscale.registry.ARCHS: looped (LoopedLM) | ouro (loopscale.ouro.OuroLM)
     n_kv_heads: int = 0  # ouro: key/value heads (grouped-query attention); 0 = n_heads
     rope_theta: float = 1e6  # ouro: RoPE base
-    alpha_init: float = 0.5  # ouro alpha readouts: the learned alpha's start
-    alpha_fixed: Optional[float] = None  # ouro alpha readouts: a fixed alpha in [0, 1] instead of a learned one
 
 
 @dataclass
@@ -64,8 +79,9 @@ class ObjectiveConfig:
     penalty_weight: float = registry.PAPER_PENALTY_WEIGHT  # lambda of the norm penalty
     ce_impl: str = "chunked"  # chunked (memory-lean, exact) | plain
     ce_chunk_tokens: int = 4096  # tokens per chunk of the chunked cross-entropy
-    exit_gate: bool = False  # ouro: train the exit gate: L = Σ_k p_k·CE_k − exit_beta·H(p) over the K steps
-    exit_beta: float = 0.1  # ouro: the entropy weight β of that loss
+    entropy_weight: float = 0.1  # loss=adaptive: weight of the exit distribution's entropy bonus
+    anchor_weight: float = 0.01  # regularizer=scale_anchor: its weight (official supervision.scale_anchor_weight)
+    anchor_target: float = 1.0  # the RMS of H the anchor pulls towards (supervision.scale_anchor_target)
 
 
 @dataclass
@@ -82,6 +98,8 @@ class DataConfig:
     test_fraction: float = 0.05
     split_seed: int = 0
     max_documents: int = 0  # >0: keep only the first N documents of each split (quick tests)
+    tokenization: str = "paper"  # paper (the official token stream, bit for bit) | joined
+    hf_dataset: Optional[str] = None  # wikitext-*: a local folder laid out like Salesforce/wikitext, or a hub id
 
 
 @dataclass
@@ -108,6 +126,7 @@ class TrainConfig:
     eval_batch_size: int = 16  # windows per batch of the in-training evaluation
     threads: int = 0  # torch CPU threads; 0 leaves torch's default
     tensorboard: bool = False  # also write RUN/tensorboard/ event files (needs the tensorboard extra)
+    wandb: bool = False  # also log to Weights & Biases, files in RUN/wandb/ (needs the wandb extra; WANDB_MODE=offline)
 
 
 @dataclass
@@ -123,6 +142,7 @@ class EvalConfig:
     clamp_tokens: int = 32768
     halting_tokens: int = 65536
     halting_epsilon: float = 0.01
+    scale_tokens: int = 32768  # tokens of the alpha scale-sensitivity sweep
     throughput_batches: int = 10
     throughput_warmup: int = 2
     device: str = "auto"
@@ -209,7 +229,7 @@ MODEL_PRESETS: dict[str, dict] = {
                                  n_kv_heads=16, d_ff=5632, seq_len=2048, n_loops=4, dropout=0.0, norm_eps=1e-6,
                                  rope_theta=1e6, init="gpt2", readout="rmsnorm", recurrence="inter_loop_norm"),
                       objective=dict(loss="terminal"),
-                      data=dict(tokenizer="bpe", vocab_size=49152),
+                      data=dict(tokenizer="bpe", tokenization="joined", vocab_size=49152),
                       train=dict(batch_size=48, grad_accum=3, lr=3e-4, betas=[0.9, 0.95], weight_decay=0.01,
                                  max_steps=16667, stride=2048, precision="bf16", activation_checkpointing=True,
                                  log_every=50, ckpt_every=500, eval_every=500)),
@@ -237,7 +257,7 @@ EVAL_PRESETS: dict[str, dict] = {
     "paper-1.4b": {},
     "cpu": dict(batch_size=32, max_tokens=65536),
     "smoke": dict(batch_size=8, max_tokens=4096, norm_tokens=2048, radial_tokens=1024, lemma_loops=8,
-                  lemma_tokens=1024, clamp_tokens=2048, halting_tokens=4096, throughput_batches=3,
+                  lemma_tokens=1024, clamp_tokens=2048, halting_tokens=4096, throughput_batches=3, scale_tokens=2048,
                   throughput_warmup=1),
     "ouro-1.4b": dict(batch_size=2, max_tokens=32768, depth_factor=2),  # official: K = 1..8, 8 batches x 2 x 2048
     "ouro-tiny": dict(batch_size=8, max_tokens=4096, norm_tokens=2048, radial_tokens=1024, lemma_loops=8,
@@ -332,6 +352,25 @@ class BoundedLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
     def construct_document(self, node):
         _expanded_size(node, {})
         return super().construct_document(node)
+
+    def construct_mapping(self, node, deep=False):
+        """A mapping whose keys are unique: a key given twice (a copy-pasted block) is refused,
+        never resolved "last wins". Keys a `<<:` merge brings in may still be overridden."""
+        if isinstance(node, yaml.MappingNode):
+            seen: dict = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+                    continue
+                key = self.construct_object(key_node)
+                try:
+                    if key in seen:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"duplicate key {key!r} (first given on line {seen[key] + 1})",
+                            key_node.start_mark)
+                    seen[key] = key_node.start_mark.line
+                except TypeError:  # an unhashable key: the base class names it
+                    continue
+        return super().construct_mapping(node, deep=deep)
 
 
 def _expanded_size(node, memo: dict) -> int:
@@ -508,12 +547,14 @@ def _choices() -> dict:
         ("model", "arch"): tuple(registry.ARCHS),
         ("model", "recurrence"): tuple(registry.RECURRENCES),
         ("model", "init"): INITS,
+        ("model", "alpha_s_ref"): ALPHA_S_REFS,
         ("objective", "loss"): tuple(registry.LOSSES),
         ("objective", "regularizer"): tuple(registry.REGULARIZERS),
         ("objective", "ce_impl"): CE_IMPLS,
         ("data", "source"): SOURCES,
         ("data", "tokenizer"): TOKENIZERS,
         ("data", "fit_on"): FIT_ON,
+        ("data", "tokenization"): TOKENIZATIONS,
         ("train", "device"): DEVICES,
         ("train", "precision"): PRECISIONS,
     }
@@ -544,6 +585,11 @@ def _num(x: float) -> str:
 
 POSITIVE, NON_NEGATIVE, FRACTION = Range(0, lo_open=True), Range(0), Range(0, 1, hi_open=True)
 SEED = Range(0, 2**63 - 1)  # torch and numpy seeds: non-negative, int64
+MAX_THREADS = 1024  # CPU threads any command may ask torch for (100,000 crashes torch's pool)
+THREADS = Range(0, MAX_THREADS)
+# train settings a finished run's results do not depend on: a finished run is reused when only
+# they change, and runs that differ only in them (and the seed) are seeds of one experiment
+RESULT_FREE = ("threads", "device", "compile", "activation_checkpointing", "ckpt_every", "tensorboard", "wandb")
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")  # token ids 0..3 of every tokenizer
 
 # The range of every numeric setting, checked by `validate` wherever a config is built (the
@@ -551,21 +597,23 @@ SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")  # token ids 0..3 of every
 RANGES: dict[str, dict[str, Range]] = {
     "model": {"vocab_size": POSITIVE, "d_model": POSITIVE, "n_layers": POSITIVE, "n_heads": POSITIVE,
               "d_ff": POSITIVE, "seq_len": POSITIVE, "n_loops": POSITIVE, "dropout": FRACTION,
-              "norm_eps": POSITIVE, "n_kv_heads": NON_NEGATIVE, "rope_theta": POSITIVE,
-              "alpha_init": Range(0, 1, True, True), "alpha_fixed": Range(0, 1)},
-    "objective": {"penalty_weight": NON_NEGATIVE, "ce_chunk_tokens": POSITIVE, "exit_beta": NON_NEGATIVE},
+              "norm_eps": POSITIVE, "n_kv_heads": NON_NEGATIVE, "rope_theta": POSITIVE, "alpha_init": Range(0, 1), "alpha_fixed": Range(0, 1), "alpha_min": Range(0, 1),
+              "alpha_max": Range(0, 1), "alpha_ema_decay": Range(0, 1), "alpha_log_s_ref": Range(),
+              "taper_ema_decay": Range(0, 1), "taper_warmup_frac": Range(0, 1), "taper_decay_frac": Range(0, 1)},
+    "objective": {"penalty_weight": NON_NEGATIVE, "ce_chunk_tokens": POSITIVE, "entropy_weight": NON_NEGATIVE,
+                  "anchor_weight": NON_NEGATIVE, "anchor_target": NON_NEGATIVE},
     "data": {"vocab_size": POSITIVE, "min_frequency": Range(1), "validation_fraction": Range(0, 1, True, True),
              "test_fraction": FRACTION, "split_seed": SEED, "max_documents": NON_NEGATIVE},
     "train": {"batch_size": POSITIVE, "grad_accum": POSITIVE, "lr": POSITIVE, "weight_decay": NON_NEGATIVE,
               "grad_clip": POSITIVE,
               "epochs": POSITIVE, "max_steps": POSITIVE, "stride": POSITIVE, "seed": SEED, "log_every": POSITIVE,
               "ckpt_every": POSITIVE, "eval_every": NON_NEGATIVE, "eval_tokens": NON_NEGATIVE,
-              "eval_batch_size": POSITIVE, "threads": NON_NEGATIVE},
+              "eval_batch_size": POSITIVE, "threads": THREADS},
     "eval": {"batch_size": POSITIVE, "max_tokens": NON_NEGATIVE, "depth_factor": Range(1),
              "norm_tokens": POSITIVE, "radial_tokens": POSITIVE, "lemma_loops": Range(2),
              "lemma_tokens": POSITIVE, "clamp_tokens": POSITIVE, "halting_tokens": POSITIVE,
              "halting_epsilon": NON_NEGATIVE, "throughput_batches": POSITIVE,
-             "throughput_warmup": NON_NEGATIVE},
+             "throughput_warmup": NON_NEGATIVE, "scale_tokens": POSITIVE},
 }
 
 
@@ -609,6 +657,12 @@ def _check_data(d: DataConfig) -> None:
         raise ConfigError(f"data.vocab_size {d.vocab_size} is too small for data.tokenizer={d.tokenizer} "
                           f"(needs >= {smallest}: the {len(SPECIAL_TOKENS)} special tokens"
                           f"{' and 256 byte symbols' if d.tokenizer == 'bpe' else ' and one word'})")
+    if d.tokenization == "paper" and d.tokenizer != "word":
+        raise ConfigError(f"data.tokenization=paper is the paper's word tokenizer; with data.tokenizer="
+                          f"{d.tokenizer} set data.tokenization=joined")
+    if d.hf_dataset is not None and (d.source not in ("wikitext-103", "wikitext-2") or not str(d.hf_dataset).strip()):
+        raise ConfigError(f"data.hf_dataset ({d.hf_dataset!r}) needs data.source=wikitext-103 or wikitext-2 "
+                          "and a folder or hub dataset id")
     if d.source == "text-files" and not (d.train_file and d.validation_file):
         raise ConfigError("data.train_file and data.validation_file are required with data.source=text-files")
     if d.validation_fraction + d.test_fraction >= 1:
@@ -623,6 +677,10 @@ def validate(cfg: RunConfig) -> None:
     m, t, d = cfg.model, cfg.train, cfg.data
     if m.d_model % m.n_heads:
         raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.n_heads ({m.n_heads})")
+    if m.alpha_min >= m.alpha_max:
+        raise ConfigError(f"model.alpha_min ({m.alpha_min}) must be below model.alpha_max ({m.alpha_max})")
+    if cfg.objective.loss in registry.GATED_LOSSES:
+        m.exit_gate = True  # the loss reads the gate: the model has one (recorded in the config)
     _check_data(d)
     _check_arch(cfg)
     if t.batch_size % t.grad_accum:
@@ -641,8 +699,6 @@ def _check_arch(cfg: RunConfig) -> None:
         if m.readout not in registry.READOUTS:
             raise ConfigError(f"model.readout {m.readout!r} is a readout of the Ouro track (model.arch=ouro); "
                               f"the looped model takes one of {', '.join(registry.READOUTS)}")
-        if o.exit_gate:
-            raise ConfigError("objective.exit_gate needs model.arch=ouro (the looped model has no exit gate)")
         return
     ouro_readouts = ("rmsnorm", *registry.OURO_READOUTS)
     if m.readout not in ouro_readouts:

@@ -1,315 +1,602 @@
-"""Checkpoints of the paper's own training script -> loopscale run directories.
+"""Checkpoints of the paper's official training script -> loopscale run directories.
 
-  loopscale convert-paper CHECKPOINT --out RUN_DIR [--tokenizer FILE] [--set model.KEY=VALUE ...]
+  loopscale convert-paper CHECKPOINT --out RUN_DIR [--force] [--tokenizer FILE]
 
-The paper's script saves `last.pt` = {"model_state": ..., "config": ..., "tokenizer": ...}.
-Its modules map onto loopscale's one to one (the same architecture, paper §3):
+The official trainer (`src/train_ar_looplm.py` of the release) saves `last.pt` = {model_state,
+optimizer_state, config, tokenizer, epoch, completed_epochs, global_step, total_train_steps};
+the model is `AutoregressiveLoopLM` (`src/models/ar_looplm.py`). Everything the conversion
+needs is read from the official config keys, with the official builder's defaults
+(`build_ar_looplm_from_config`) where a key is absent:
 
-  token_embedding, position_embedding        tok_emb, pos_emb (the LM head is tied)
+  readout      model.use_decode_norm false                       -> raw
+               model.decode_norm_final_only true (rmsnorm)       -> final_norm
+               model.decode_norm_type rmsnorm | alpha_readout | tapernorm
+                                                                 -> rmsnorm | alpha_readout | tapernorm
+               alpha_readout.* (init_alpha, fixed_alpha, alpha_min, alpha_max, s_ref_mode, ema_decay,
+               init_log_s_ref, per_loop_alpha), taper_norm.* (ema_decay, gate_warmup_*, gate_decay_*)
+  recurrence   model.inter_loop_norm (default true)              -> inter_loop_norm
+               model.use_spectral_damping                        -> spectral_damping
+  loss         supervision.mode per-step | terminal | adaptive    -> per_loop | terminal | adaptive
+               (+ supervision.entropy_weight; adaptive keeps the exit gate)
+  regularizer  supervision.norm_penalty_weight > 0               -> norm_penalty (λ)
+               supervision.scale_anchor_weight > 0               -> scale_anchor (+ scale_anchor_target)
+  dims         model.d_model, num_heads, num_layers, ff_multiplier, num_loops, dropout, data.seq_len,
+               cross-checked with the weights (vocabulary: the embedding's rows)
+  tokenizer    {kind: "regex", itos: [...], pattern: ...}        -> loopscale.data.paper_tokenizer
+
+Weights map one to one (the same architecture, paper §3):
+
+  token_embedding, position_embedding        tok_emb, pos_emb (lm_head must be the tied embedding)
   layers.N.attn_norm, layers.N.ffn_norm      blocks.N.norm1, blocks.N.norm2 (RMSNorm)
   layers.N.attn.qkv (q, k, v stacked)        blocks.N.attn.qkv (same row order)
   layers.N.attn.out_proj                     blocks.N.attn.proj
   layers.N.ffn.w1 (gate), ffn.w3 (up)        blocks.N.mlp.gate_up = [w1; w3]
   layers.N.ffn.w2 (down)                     blocks.N.mlp.down
-  decode_norm                                readout_norm (unused by the raw readout)
-  loop_norm                                  loop_norm (unused by the residual recurrence)
-  exit_gate.*, raw_alpha                     not used by any condition: dropped (recorded)
+  decode_norm[.K].*                          readout_norm[.K].* (unused by the raw readout)
+  loop_norm                                  loop_norm (inter_loop_norm only)
+  raw_alpha                                  damping_logit (spectral_damping only)
+  exit_gate                                  exit_gate (adaptive loss only)
 
-The config's key names are not documented, so each setting is looked up under its common
-names (`CONFIG_KEYS`), also inside nested dicts; widths, vocabulary, context and depth of the
-stack are read off the weights and cross-checked. The number of heads, of loops, the readout
-(decode) mode and the recurrence must be in the config or given with --set, else the
-conversion stops with one line naming the missing setting. The tokenizer is taken from the
-checkpoint (a tokenizers JSON, a vocabulary dict or a list of words; a vocabulary becomes a
-word-level tokenizer with loopscale's word pre-tokenizer) or from --tokenizer FILE.
+What is not used by the converted condition is dropped and recorded; anything the loopscale
+model cannot represent (another block or loop norm, an untied head, inter-loop norm together
+with spectral damping, an unknown readout or supervision mode, ...) is refused in one line
+naming the official key. The checkpoint is untrusted input: its size is bounded before
+loading, it is hashed by streaming, only plain tensors/containers are unpickled (unless
+--trust-pickle), tensor dtypes and values are checked (no int weights cast, no NaN), and a
+path stored in it is never opened.
 
 The run directory gets model.pt (what `loopscale eval` reads), model.safetensors,
-config.json (with a `converted_from` record) and the tokenizer files (artifacts.py).
+config.json (with a `converted_from` record) and the tokenizer files (artifacts.py). An
+existing run is refused unless --force (which replaces it); the run lock (RUN/.lock) is held
+while writing.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import math
+import os
 import re
+import shutil
+import zipfile
 from pathlib import Path
 from typing import Any, Optional
 
 import torch
-from tokenizers import Tokenizer, decoders, models
+from tokenizers import Tokenizer
 
-from .artifacts import ROLES, save_weights, write_tokenizer
+from .artifacts import write_run_files
 from .config import ConfigError, RunConfig, merge, parse_overrides
-from .registry import READOUTS, RECURRENCES
-from .io import CheckpointError, atomic_torch_save, atomic_write_json, run_environment
+from .io import CheckpointError, atomic_torch_save, run_environment, run_lock
 from .model import LoopedLM
 
-# loopscale setting -> names the paper's config may use for it
-CONFIG_KEYS = {
-    "vocab_size": ("vocab_size", "n_vocab", "vocab"),
-    "d_model": ("d_model", "dim", "hidden_size", "n_embd", "embed_dim", "d_embed"),
-    "n_layers": ("n_layers", "num_layers", "n_layer", "layers", "depth"),
-    "n_heads": ("n_heads", "num_heads", "n_head", "heads", "num_attention_heads"),
-    "d_ff": ("d_ff", "ffn_hidden", "ffn_hidden_dim", "ffn_dim", "hidden_dim", "d_hidden", "mlp_hidden",
-             "intermediate_size", "ffn_hidden_size"),
-    "seq_len": ("seq_len", "max_seq_len", "block_size", "context_length", "max_len", "n_ctx",
-                "max_position_embeddings"),
-    "n_loops": ("n_loops", "num_loops", "loops", "K", "max_loops", "n_iterations", "num_iterations",
-                "n_recurrences", "recurrence_steps"),
-    "readout": ("readout", "readout_mode", "decode_mode", "decode", "readout_type", "decode_norm"),
-    "recurrence": ("recurrence", "recurrence_mode", "loop_mode", "loop_norm", "inter_loop_norm",
-                   "use_loop_norm"),
-    "norm_eps": ("norm_eps", "eps", "rms_norm_eps", "layer_norm_eps", "norm_epsilon"),
-    "dropout": ("dropout", "dropout_rate", "p_dropout"),
+MAX_CHECKPOINT_BYTES = 16 * 2**30  # what a checkpoint file may hold, inflated (a zip bomb stops here)
+MAX_TOKENIZER_BYTES = 256 * 2**20
+_PREFIX = re.compile(r"^(module\.|_orig_mod\.)+")
+
+# the official builder's defaults for the keys a config may leave out (build_ar_looplm_from_config)
+MODEL_DEFAULTS = {"inter_loop_norm": True, "use_decode_norm": True, "decode_norm_final_only": False,
+                  "block_norm_type": "rmsnorm", "loop_norm_type": "rmsnorm", "decode_norm_type": "rmsnorm",
+                  "use_spectral_damping": False, "tie_weights": True, "dropout": 0.1}
+READOUT_TYPES = {"rmsnorm": "rmsnorm", "alpha_readout": "alpha_readout", "tapernorm": "tapernorm"}
+SUPERVISION_MODES = {"per-step": "per_loop", "terminal": "terminal", "adaptive": "adaptive"}
+# official alpha_readout.* key -> (loopscale model key, default)
+ALPHA_KEYS = {"init_alpha": ("alpha_init", 0.5), "fixed_alpha": ("alpha_fixed", None),
+              "alpha_min": ("alpha_min", 0.0), "alpha_max": ("alpha_max", 1.0),
+              "s_ref_mode": ("alpha_s_ref", "ema"), "ema_decay": ("alpha_ema_decay", 0.99),
+              "init_log_s_ref": ("alpha_log_s_ref", 0.0), "per_loop_alpha": ("alpha_per_loop", False)}
+
+
+# every key the official code reads in these sections (src/models/ar_looplm.py, src/train_ar_looplm.py):
+# another one is an option of some other code, which the conversion cannot know, so it is refused
+KNOWN_KEYS = {
+    "model": ("d_model", "num_heads", "num_layers", "ff_multiplier", "dropout", "num_loops", *MODEL_DEFAULTS),
+    "supervision": ("mode", "entropy_weight", "norm_penalty_weight", "scale_anchor_weight", "scale_anchor_target"),
+    "alpha_readout": tuple(ALPHA_KEYS),
+    "taper_norm": ("ema_decay", "gate_warmup_steps", "gate_warmup_frac", "gate_decay_steps", "gate_decay_frac"),
 }
-REQUIRED = ("n_heads", "n_loops", "readout", "recurrence")  # not visible in the weights
-_READOUT_VALUES = {"rmsnorm": "rmsnorm", "rms": "rmsnorm", "rms_norm": "rmsnorm", "norm": "rmsnorm",
-                   "normed": "rmsnorm", "layernorm": "layernorm", "layer_norm": "layernorm", "ln": "layernorm",
-                   "raw": "raw", "none": "raw", "identity": "raw", "linear": "raw",
-                   "final_norm": "final_norm", "final": "final_norm", "final_only": "final_norm",
-                   "final_rmsnorm": "final_norm"}
-_RECURRENCE_VALUES = {"residual": "residual", "none": "residual", "plain": "residual",
-                      "inter_loop_norm": "inter_loop_norm", "loop_norm": "inter_loop_norm",
-                      "norm": "inter_loop_norm", "rmsnorm": "inter_loop_norm", "inter_loop": "inter_loop_norm"}
-_IGNORED = re.compile(r"^(exit_gate(\..*)?|raw_alpha)$")
-_HEAD_NAMES = ("lm_head.weight", "head.weight", "output.weight")
 
 
 class ConversionError(CheckpointError):
     """The checkpoint cannot be converted; the message names what is missing or wrong."""
 
 
-def _flatten(config: Any) -> dict:
-    """Scalar settings of a (possibly nested) config; top-level names win over nested ones."""
+# ---------------------------------------------------------------------------
+# reading the official config
+# ---------------------------------------------------------------------------
+def _section(config: dict, name: str) -> dict:
+    v = config.get(name, {})
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise ConversionError(f"paper config: {name} is a {type(v).__name__}, not a mapping")
+    return v
+
+
+def _flag(sec: dict, where: str, key: str, default: bool) -> bool:
+    v = sec.get(key, default)
+    if not isinstance(v, bool):
+        raise ConversionError(f"paper config: {where}.{key} must be true or false, got {v!r}")
+    return v
+
+
+def _number(sec: dict, where: str, key: str, default: Any) -> Any:
+    v = sec.get(key, default)
+    if v is None and default is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ConversionError(f"paper config: {where}.{key} must be a finite number, got {v!r}")
+    return float(v)
+
+
+def _integer(sec: dict, where: str, key: str) -> int:
+    if key not in sec:
+        raise ConversionError(f"paper config has no {where}.{key}")
+    v = sec[key]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (isinstance(v, float) and not v.is_integer()):
+        raise ConversionError(f"paper config: {where}.{key} must be an integer, got {v!r}")
+    if v <= 0:
+        raise ConversionError(f"paper config: {where}.{key} must be positive, got {v!r}")
+    return int(v)
+
+
+def _choice(sec: dict, where: str, key: str, default: str, table: dict) -> str:
+    v = sec.get(key, default)
+    if not isinstance(v, str) or v not in table:
+        raise ConversionError(f"paper config: {where}.{key} {v!r} is not supported by loopscale "
+                              f"(supported: {', '.join(table)})")
+    return table[v]
+
+
+def official_settings(config: Any, state: dict, total_train_steps: Any = None) -> tuple[dict, dict]:
+    """loopscale (model, objective) settings from an official checkpoint's config, cross-checked
+    with the weights; refuses in one line what loopscale cannot represent."""
     if not isinstance(config, dict):
-        if hasattr(config, "__dict__"):
-            config = vars(config)
-        else:
-            raise ConversionError(f"the checkpoint's config is a {type(config).__name__}, not a dict")
-    flat: dict = {}
-    for v in config.values():
-        if isinstance(v, dict):
-            flat.update(_flatten(v))
-    flat.update({k: v for k, v in config.items() if not isinstance(v, dict)})
-    return flat
+        raise ConversionError(f"the checkpoint's config is a {type(config).__name__}, not a mapping")
+    m, data, sup = _section(config, "model"), _section(config, "data"), _section(config, "supervision")
+    alpha_cfg, taper_cfg = _section(config, "alpha_readout"), _section(config, "taper_norm")
+    for name, known in KNOWN_KEYS.items():
+        unknown = [k for k in _section(config, name) if k not in known]
+        if unknown:
+            raise ConversionError(f"paper config: {name}.{unknown[0]} is not a key of the official code "
+                                  f"(commit 959dd3c), so its meaning is unknown; refused")
+    flags = {k: _flag(m, "model", k, v) for k, v in MODEL_DEFAULTS.items() if isinstance(v, bool)}
+    for key in ("block_norm_type", "loop_norm_type"):
+        v = m.get(key, "rmsnorm")
+        if v != "rmsnorm" and (key == "block_norm_type" or flags["inter_loop_norm"]):
+            raise ConversionError(f"paper config: model.{key} {v!r} is not supported by loopscale "
+                                  f"(its blocks and inter-loop norm are RMSNorm)")
+    if not flags["tie_weights"]:
+        raise ConversionError("paper config: model.tie_weights false (an untied head) is not supported by loopscale")
+
+    # readout
+    if not flags["use_decode_norm"]:
+        readout = "raw"
+    else:
+        readout = _choice(m, "model", "decode_norm_type", "rmsnorm", READOUT_TYPES)
+        if flags["decode_norm_final_only"]:
+            if readout != "rmsnorm":
+                raise ConversionError(f"paper config: model.decode_norm_final_only with decode_norm_type "
+                                      f"{m.get('decode_norm_type')!r} is not supported by loopscale "
+                                      f"(its final-only readout is RMSNorm)")
+            readout = "final_norm"
+    # recurrence
+    if flags["inter_loop_norm"] and flags["use_spectral_damping"]:
+        raise ConversionError("paper config: model.inter_loop_norm together with model.use_spectral_damping is "
+                              "not supported by loopscale (one recurrence per model)")
+    recurrence = "inter_loop_norm" if flags["inter_loop_norm"] else \
+        "spectral_damping" if flags["use_spectral_damping"] else "residual"
+
+    # dims, each checked against the weights
+    d = _integer(m, "model", "d_model")
+    model = {"d_model": d, "n_heads": _integer(m, "model", "num_heads"), "n_layers": _integer(m, "model", "num_layers"),
+             "d_ff": d * _integer(m, "model", "ff_multiplier"), "n_loops": _integer(m, "model", "num_loops"),
+             "seq_len": _integer(data, "data", "seq_len"), "readout": readout, "recurrence": recurrence,
+             "dropout": _number(m, "model", "dropout", MODEL_DEFAULTS["dropout"])}
+    emb = state.get("token_embedding.weight")
+    if not isinstance(emb, torch.Tensor) or emb.dim() != 2:
+        raise ConversionError("model_state has no 2-d token_embedding.weight: not a checkpoint of the paper's layout")
+    model["vocab_size"] = int(emb.shape[0])
+    if emb.shape[1] != d:
+        raise ConversionError(f"paper config: model.d_model={m['d_model']} disagrees with the weights "
+                              f"(token_embedding.weight has width {emb.shape[1]})")
+    layers = {int(x.group(1)) for k in state if (x := re.match(r"layers\.(\d+)\.", k))}
+    if layers != set(range(model["n_layers"])):
+        raise ConversionError(f"paper config: model.num_layers={m['num_layers']} disagrees with the weights "
+                              f"({len(layers)} layers in model_state)")
+    if model["readout"] == "alpha_readout":
+        for key, (ours, default) in ALPHA_KEYS.items():
+            if key == "s_ref_mode":
+                model[ours] = _choice(alpha_cfg, "alpha_readout", key, default,
+                                      {"ema": "ema", "fixed": "fixed", "learned": "learned"})
+            elif key == "per_loop_alpha":
+                model[ours] = _flag(alpha_cfg, "alpha_readout", key, default)
+            else:
+                model[ours] = _number(alpha_cfg, "alpha_readout", key, default)
+    if model["readout"] == "tapernorm":
+        model["taper_ema_decay"] = _number(taper_cfg, "taper_norm", "ema_decay", 0.99)
+        for kind in ("warmup", "decay"):
+            if f"gate_{kind}_steps" in taper_cfg:  # absolute steps: as a share of the run's steps
+                steps = _number(taper_cfg, "taper_norm", f"gate_{kind}_steps", 0)
+                if not isinstance(total_train_steps, int) or isinstance(total_train_steps, bool) or total_train_steps < 1:
+                    raise ConversionError(f"paper config: taper_norm.gate_{kind}_steps needs the checkpoint's "
+                                          f"total_train_steps, which is missing")
+                model[f"taper_{kind}_frac"] = min(1.0, max(0.0, steps / total_train_steps))
+            elif f"gate_{kind}_frac" in taper_cfg:
+                model[f"taper_{kind}_frac"] = _number(taper_cfg, "taper_norm", f"gate_{kind}_frac", 0.0)
+
+    # objective (for the record: the loss the weights were trained with)
+    loss = _choice(sup, "supervision", "mode", "per-step", SUPERVISION_MODES)
+    objective = {"loss": loss, "entropy_weight": _number(sup, "supervision", "entropy_weight", 0.1)}
+    penalty = _number(sup, "supervision", "norm_penalty_weight", 0.0)
+    anchor = _number(sup, "supervision", "scale_anchor_weight", 0.0)
+    if penalty > 0 and anchor > 0:
+        raise ConversionError("paper config: supervision.norm_penalty_weight together with "
+                              "supervision.scale_anchor_weight is not supported by loopscale (one regularizer)")
+    if penalty > 0:
+        objective.update(regularizer="norm_penalty", penalty_weight=penalty)
+    elif anchor > 0:
+        objective.update(regularizer="scale_anchor", anchor_weight=anchor,
+                         anchor_target=_number(sup, "supervision", "scale_anchor_target", 1.0))
+    model["exit_gate"] = loss == "adaptive"
+    return model, objective
 
 
-def _lookup(flat: dict, setting: str) -> tuple[Optional[str], Any]:
-    for name in CONFIG_KEYS[setting]:
-        if name in flat and flat[name] is not None:
-            return name, flat[name]
-    return None, None
+# ---------------------------------------------------------------------------
+# the weights
+# ---------------------------------------------------------------------------
+def _official_names(cfg: RunConfig, model_keys) -> dict:
+    """loopscale state-dict name -> the official name(s) it comes from."""
+    mc = cfg.model
+    names: dict = {"tok_emb.weight": "token_embedding.weight", "pos_emb.weight": "position_embedding.weight"}
+    for i in range(mc.n_layers):
+        p, q = f"layers.{i}.", f"blocks.{i}."
+        names.update({q + "norm1.weight": p + "attn_norm.weight", q + "attn.qkv.weight": p + "attn.qkv.weight",
+                      q + "attn.proj.weight": p + "attn.out_proj.weight", q + "norm2.weight": p + "ffn_norm.weight",
+                      q + "mlp.gate_up.weight": (p + "ffn.w1.weight", p + "ffn.w3.weight"),
+                      q + "mlp.down.weight": p + "ffn.w2.weight"})
+    for k in model_keys:
+        if k.startswith("readout_norm."):
+            names[k] = "decode_norm." + k[len("readout_norm."):]
+        elif k.startswith("loop_norm.") or k.startswith("exit_gate."):
+            names[k] = k
+    if mc.recurrence == "spectral_damping":
+        names["damping_logit"] = "raw_alpha"
+    return names
 
 
-def _mode(setting: str, value: Any, table: dict, valid: tuple) -> str:
-    if isinstance(value, bool):  # e.g. decode_norm: true / loop_norm: false
-        if setting == "readout":
-            return "rmsnorm" if value else "raw"
-        return "inter_loop_norm" if value else "residual"
-    v = str(value).strip().lower()
-    if v in table:
-        return table[v]
-    raise ConversionError(f"paper config: {setting} value {value!r} is not understood; give --set model.{setting}="
-                          f"{'|'.join(valid)}")
+def _check_tensor(name: str, t: Any, want: torch.Tensor) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise ConversionError(f"model_state's {name} is a {type(t).__name__}, not a tensor")
+    if t.layout != torch.strided or t.is_meta or t.is_quantized:
+        raise ConversionError(f"model_state's {name} is not a plain dense tensor ({t.layout})")
+    if t.is_floating_point() != want.is_floating_point() or (not want.is_floating_point() and t.dtype != want.dtype):
+        raise ConversionError(f"model_state's {name} has dtype {t.dtype}, expected {want.dtype} (never cast)")
+    if t.is_floating_point() and not bool(torch.isfinite(t).all()):
+        raise ConversionError(f"model_state's {name} holds NaN or infinite values")
+    return t
 
 
 def model_settings(config: Any, state: dict, overrides: Optional[dict] = None) -> tuple[dict, dict]:
-    """loopscale model settings from the paper config + weight shapes; (settings, where each came from)."""
-    flat = _flatten(config)
-    over = dict(overrides or {})
-    emb = state.get("token_embedding.weight")
-    pos = state.get("position_embedding.weight")
-    w1 = state.get("layers.0.ffn.w1.weight")
-    if emb is None or pos is None or w1 is None:
-        missing = [n for n, t in (("token_embedding.weight", emb), ("position_embedding.weight", pos),
-                                  ("layers.0.ffn.w1.weight", w1)) if t is None][0]
-        raise ConversionError(f"model_state has no {missing}: not a checkpoint of the paper's layout")
-    layer_ids = {int(m.group(1)) for k in state if (m := re.match(r"layers\.(\d+)\.", k))}
-    shapes = {"vocab_size": emb.shape[0], "d_model": emb.shape[1], "seq_len": pos.shape[0],
-              "n_layers": len(layer_ids), "d_ff": w1.shape[0]}
-    settings, source = {}, {}
-    for setting in CONFIG_KEYS:
-        if setting in over:
-            settings[setting], source[setting] = over.pop(setting), "--set"
-            continue
-        name, value = _lookup(flat, setting)
-        if setting in shapes:
-            if isinstance(value, (int, float, str)) and str(value).isdigit() and int(value) != shapes[setting]:
-                raise ConversionError(f"paper config: {name}={value} disagrees with the weights ({setting} "
-                                      f"{shapes[setting]})")
-            settings[setting], source[setting] = int(shapes[setting]), name or "weights"
-        elif value is not None:
-            if setting == "readout":
-                value = _mode(setting, value, _READOUT_VALUES, READOUTS)
-            elif setting == "recurrence":
-                value = _mode(setting, value, _RECURRENCE_VALUES, RECURRENCES)
-            settings[setting], source[setting] = value, name
-        elif setting in REQUIRED:
-            raise ConversionError(f"paper config has no {setting} (looked for {', '.join(CONFIG_KEYS[setting])}); "
-                                  f"give it with --set model.{setting}=VALUE")
-    if over:
-        settings.update(over)
-        source.update({k: "--set" for k in over})
+    """The loopscale model settings of an official checkpoint (`official_settings`) with
+    `overrides` on top; (settings, where each came from)."""
+    settings, _ = official_settings(config, _strip(state))
+    source = {k: "official config" for k in settings}
+    for k, v in (overrides or {}).items():
+        settings[k], source[k] = v, "override"
     return settings, source
 
 
-def convert_state(state: dict, settings: dict) -> tuple[dict, list[str]]:
-    """The paper's model_state as a LoopedLM state dict; also the names that were dropped."""
-    state = {re.sub(r"^(module\.|_orig_mod\.)+", "", k): v for k, v in state.items()}
-    out, dropped, used = {}, [], set()
+def _strip(state: dict) -> dict:
+    return {_PREFIX.sub("", k) if isinstance(k, str) else k: v for k, v in state.items()}
 
-    def take(name: str) -> torch.Tensor:
-        if name not in state:
-            raise ConversionError(f"model_state has no {name}")
-        used.add(name)
-        return state[name]
 
-    out["tok_emb.weight"] = take("token_embedding.weight")
-    out["pos_emb.weight"] = take("position_embedding.weight")
-    for i in range(settings["n_layers"]):
-        p, q = f"layers.{i}.", f"blocks.{i}."
-        out[q + "norm1.weight"] = take(p + "attn_norm.weight")
-        out[q + "attn.qkv.weight"] = take(p + "attn.qkv.weight")
-        out[q + "attn.proj.weight"] = take(p + "attn.out_proj.weight")
-        out[q + "norm2.weight"] = take(p + "ffn_norm.weight")
-        out[q + "mlp.gate_up.weight"] = torch.cat([take(p + "ffn.w1.weight"), take(p + "ffn.w3.weight")], 0)
-        out[q + "mlp.down.weight"] = take(p + "ffn.w2.weight")
-    if settings["readout"] != "raw":
-        out["readout_norm.weight"] = take("decode_norm.weight")
-    if settings["recurrence"] == "inter_loop_norm":
-        out["loop_norm.weight"] = take("loop_norm.weight")
-    for name in _HEAD_NAMES:  # a head saved beside the embedding must be the tied one
-        if name in state:
-            used.add(name)
-            if not torch.equal(state[name], out["tok_emb.weight"]):
-                raise ConversionError(f"model_state's {name} differs from token_embedding.weight: an untied "
-                                      f"head, which loopscale's tied model cannot hold")
+def convert_state(state: dict, cfg: RunConfig | dict) -> tuple[dict, list[str]]:
+    """The official model_state as a LoopedLM state dict (shapes and dtypes checked); also the
+    names that were dropped (modules of the official model that this condition does not use).
+    `cfg`: the target run config, or a dict of its model settings (`model_settings`)."""
+    if isinstance(cfg, dict):
+        cfg = RunConfig.from_dict(merge(RunConfig().to_dict(), {"model": cfg, "data": {"vocab_size": cfg["vocab_size"]}}))
+    state = _strip(state)
+    target = LoopedLM(cfg.model).state_dict()
+    names = _official_names(cfg, target.keys())
+    out, used = {}, set()
+    for ours, want in target.items():
+        theirs = names.get(ours)
+        if theirs is None:
+            raise ConversionError(f"loopscale's {ours} has no counterpart in the official layout")
+        parts = theirs if isinstance(theirs, tuple) else (theirs,)
+        for n in parts:
+            if n not in state:
+                raise ConversionError(f"model_state has no {n} (needed by readout {cfg.model.readout}, recurrence "
+                                      f"{cfg.model.recurrence}, loss {cfg.objective.loss})")
+            used.add(n)
+        ts = [_check_tensor(n, state[n], want) for n in parts]
+        t = torch.cat(ts, 0) if len(ts) > 1 and all(x.dim() == 2 for x in ts) else ts[0]
+        if len(ts) > 1 and tuple(t.shape) != tuple(want.shape):
+            raise ConversionError(f"model_state's {' + '.join(parts)} have shapes {[tuple(x.shape) for x in ts]}, "
+                                  f"the config implies {tuple(want.shape)} together")
+        if tuple(t.shape) != tuple(want.shape):
+            raise ConversionError(f"model_state's {parts[0]} has shape {tuple(t.shape)}, the config implies "
+                                  f"{tuple(want.shape)}")
+        out[ours] = t.to(want.dtype).clone()
+        if ours.endswith("alpha_value") and abs(float(out[ours]) - float(cfg.model.alpha_fixed)) > 1e-6:
+            raise ConversionError(f"paper config: alpha_readout.fixed_alpha={cfg.model.alpha_fixed} disagrees with "
+                                  f"the weights ({parts[0]} = {float(out[ours]):g})")
+    head = state.get("lm_head.weight")
+    if head is not None:
+        used.add("lm_head.weight")
+        if not isinstance(head, torch.Tensor) or head.shape != out["tok_emb.weight"].shape or \
+                not torch.equal(head.to(out["tok_emb.weight"].dtype), out["tok_emb.weight"]):
+            raise ConversionError("model_state's lm_head.weight differs from token_embedding.weight: an untied "
+                                  "head, which loopscale's tied model cannot hold")
+    # modules of the official model that the converted condition does not use at all
+    mc = cfg.model
+    unused = [m for m, off in (("decode_norm", mc.readout == "raw"), ("loop_norm", mc.recurrence != "inter_loop_norm"),
+                               ("exit_gate", not mc.exit_gate), ("raw_alpha", mc.recurrence != "spectral_damping"))
+              if off]
+    dropped = []
     for name, t in state.items():
         if name in used:
             continue
-        if _IGNORED.match(name) or name in ("decode_norm.weight", "loop_norm.weight"):
-            dropped.append(name)  # modules of the paper's script that this condition does not use
-        elif name.endswith(".bias"):
-            if torch.count_nonzero(t):
-                raise ConversionError(f"model_state has a nonzero {name}: loopscale's model has no biases")
+        if name.split(".")[0] in unused:
             dropped.append(name)
         else:
-            raise ConversionError(f"model_state has an unexpected tensor {name} (shape {tuple(t.shape)})")
+            shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ConversionError(f"model_state has an unexpected entry {name} ({shape}): not the official layout")
     return out, sorted(dropped)
 
 
-def paper_tokenizer(obj: Any) -> Tokenizer:
-    """A `tokenizers.Tokenizer` from what the paper's checkpoint stores under "tokenizer"."""
-    from .data import word_pre_tokenizer
+# ---------------------------------------------------------------------------
+# the tokenizer
+# ---------------------------------------------------------------------------
+def official_tokenizer(obj: Any) -> Tokenizer:
+    """A `tokenizers.Tokenizer` from the checkpoint's "tokenizer": the official regex
+    tokenizer's state {kind: "regex", itos, pattern}, or a tokenizers JSON (str or dict).
+    A string is never taken for a path."""
     if isinstance(obj, (bytes, bytearray)):
-        obj = obj.decode("utf-8")
+        try:
+            obj = bytes(obj).decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ConversionError(f"the checkpoint's tokenizer is not UTF-8 (byte {e.start}); give --tokenizer FILE") \
+                from None
     if isinstance(obj, str):
-        if obj.lstrip().startswith("{"):
-            return Tokenizer.from_str(obj)
-        if Path(obj).is_file():
-            return Tokenizer.from_file(obj)
-        raise ConversionError(f"the checkpoint's tokenizer is a string that is neither tokenizer JSON nor a file "
-                              f"({obj[:60]!r}); give --tokenizer FILE")
-    if isinstance(obj, dict) and "model" in obj and "added_tokens" in obj:  # tokenizers JSON as a dict
-        return Tokenizer.from_str(json.dumps(obj))
-    vocab = None
-    if isinstance(obj, dict):
-        for key in ("vocab", "word2id", "stoi", "token_to_id", "word_to_id"):
-            if isinstance(obj.get(key), (dict, list)):
-                obj = obj[key]
-                break
-    if isinstance(obj, (list, tuple)) and all(isinstance(w, str) for w in obj):
-        vocab = {w: i for i, w in enumerate(obj)}
-    elif isinstance(obj, dict) and obj and all(isinstance(v, int) for v in obj.values()):
-        vocab = {str(w): int(i) for w, i in obj.items()}
-    if vocab is None:
-        raise ConversionError(f"the checkpoint's tokenizer ({type(obj).__name__}) is not understood; "
-                              f"give --tokenizer FILE (a tokenizers JSON)")
-    unk = next((n for n in ROLES["unk_token"] if n in vocab), None)
-    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=unk) if unk else models.WordLevel(vocab=vocab))
-    tok.pre_tokenizer = word_pre_tokenizer()
-    tok.decoder = decoders.Fuse()
-    tok.add_special_tokens([n for names in ROLES.values() for n in names if n in vocab])
-    return tok
+        if not obj.lstrip().startswith("{"):
+            raise ConversionError(f"the checkpoint's tokenizer is a string that is not tokenizer JSON ({obj[:40]!r}; "
+                                  f"a path in a checkpoint is never opened); give --tokenizer FILE")
+        return _tokenizer_from_json(obj, "the checkpoint's tokenizer")
+    if isinstance(obj, dict) and "kind" in obj:
+        if obj.get("kind") != "regex":
+            raise ConversionError(f"the checkpoint's tokenizer kind {obj.get('kind')!r} is not supported "
+                                  f"(the official one is 'regex'); give --tokenizer FILE")
+        itos, pattern = obj.get("itos"), obj.get("pattern")
+        if not isinstance(itos, list) or not all(isinstance(w, str) for w in itos):
+            raise ConversionError("the checkpoint's tokenizer: itos must be a list of strings")
+        if not itos:
+            raise ConversionError("the checkpoint's tokenizer has an empty vocabulary (itos)")
+        if len(set(itos)) != len(itos):
+            dup = next(w for i, w in enumerate(itos) if w in itos[:i])
+            raise ConversionError(f"the checkpoint's tokenizer lists {dup!r} twice in itos")
+        if not isinstance(pattern, str):
+            raise ConversionError(f"the checkpoint's tokenizer: pattern must be a string, got {type(pattern).__name__}")
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise ConversionError(f"the checkpoint's tokenizer: pattern is not a valid regular expression ({e})") \
+                from None
+        return _paper_tokenizer(itos, pattern)
+    if isinstance(obj, dict) and "model" in obj:
+        return _tokenizer_from_json(json.dumps(obj), "the checkpoint's tokenizer")
+    raise ConversionError(f"the checkpoint's tokenizer ({type(obj).__name__}) is not understood (expected "
+                          f"{{kind: 'regex', itos, pattern}}); give --tokenizer FILE")
+
+
+def _paper_tokenizer(itos: list, pattern: str) -> Tokenizer:
+    from .data import DataError, paper_tokenizer
+    try:
+        return paper_tokenizer(itos, pattern)
+    except DataError as e:
+        raise ConversionError(f"the checkpoint's tokenizer cannot be rebuilt: {e}") from None
+
+
+def _tokenizer_from_json(text: str, what: str) -> Tokenizer:
+    try:
+        return Tokenizer.from_str(text)
+    except Exception as e:
+        raise ConversionError(f"{what} is not a valid tokenizers JSON ({(str(e).splitlines() or [''])[0][:120]})") \
+            from None
+
+
+def read_tokenizer_file(path: str | Path) -> Tokenizer:
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        if not p.is_file():
+            raise ConversionError(f"--tokenizer {p}: not a file")
+        if size > MAX_TOKENIZER_BYTES:
+            raise ConversionError(f"--tokenizer {p}: {size:,} bytes, over the {MAX_TOKENIZER_BYTES:,} allowed")
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise ConversionError(f"--tokenizer {p}: file not found") from None
+    except OSError as e:
+        raise ConversionError(f"--tokenizer {p}: cannot be read ({e.strerror or type(e).__name__})") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ConversionError(f"--tokenizer {p}: not UTF-8 text (byte {e.start})") from None
+    return _tokenizer_from_json(text, f"--tokenizer {p}")
+
+
+def _check_tokenizer(tok: Tokenizer, vocab_size: int) -> None:
+    ids = tok.get_vocab(with_added_tokens=True)
+    if not ids:
+        raise ConversionError("the tokenizer has an empty vocabulary")
+    top = max(ids.values()) + 1  # ids run up to max id, whatever their count
+    if top > vocab_size:
+        raise ConversionError(f"the tokenizer's ids reach {top - 1} but the embedding has only {vocab_size} rows")
+
+
+# ---------------------------------------------------------------------------
+# reading the checkpoint file
+# ---------------------------------------------------------------------------
+def _sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _check_size(path: Path) -> None:
+    size = path.stat().st_size
+    if size > MAX_CHECKPOINT_BYTES:
+        raise ConversionError(f"checkpoint {path}: {size:,} bytes, over the {MAX_CHECKPOINT_BYTES:,} allowed")
+    if zipfile.is_zipfile(path):
+        try:
+            with zipfile.ZipFile(path) as z:
+                inflated = sum(i.file_size for i in z.infolist())
+        except (zipfile.BadZipFile, OSError) as e:
+            raise ConversionError(f"checkpoint {path} cannot be read (a broken zip archive: {e})") from None
+        if inflated > MAX_CHECKPOINT_BYTES or inflated > 4 * size + (64 << 20):
+            raise ConversionError(f"checkpoint {path} inflates to {inflated:,} bytes from {size:,} (a zip bomb?); "
+                                  f"torch writes checkpoints uncompressed")
 
 
 def _load_paper_checkpoint(path: Path, trust_pickle: bool) -> dict:
-    if not path.is_file():
+    if not path.exists():
         raise ConversionError(f"checkpoint {path} not found")
+    if not path.is_file():
+        raise ConversionError(f"checkpoint {path} is not a file")
+    _check_size(path)
     try:
         ckpt = torch.load(path, map_location="cpu", weights_only=not trust_pickle)
     except Exception as e:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
-        if not trust_pickle and ("weights_only" in str(e) or "Unsupported global" in str(e)):
+        pickled_objects = "Unsupported global" in str(e) or "GLOBAL" in str(e)
+        if not trust_pickle and pickled_objects:
             raise ConversionError(f"checkpoint {path} holds Python objects beyond tensors/containers ({first}); "
                                   f"if you trust its source, rerun with --trust-pickle") from None
-        raise ConversionError(f"checkpoint {path} cannot be read ({type(e).__name__}: {first})") from None
+        raise ConversionError(f"checkpoint {path} is not a readable torch checkpoint ({type(e).__name__})") from None
     if not isinstance(ckpt, dict):
         raise ConversionError(f"checkpoint {path} is a {type(ckpt).__name__}, not the paper's dict")
     for key in ("model_state", "config"):
         if key not in ckpt:
-            raise ConversionError(f"checkpoint {path} has no {key!r} (keys: {', '.join(map(str, ckpt))[:120]}): "
-                                  f"not written by the paper's training script")
+            keys = ", ".join(map(str, ckpt))[:120]
+            raise ConversionError(f"checkpoint {path} has no {key!r} (keys: {keys}): not written by the paper's "
+                                  f"training script")
+    state = ckpt["model_state"]
+    if not isinstance(state, dict):
+        raise ConversionError(f"checkpoint {path}: model_state is a {type(state).__name__}, not a mapping of tensors")
+    bad = next((k for k in state if not isinstance(k, str)), None)
+    if bad is not None:
+        raise ConversionError(f"checkpoint {path}: model_state has a non-string key {bad!r}")
+    ckpt["model_state"] = {_PREFIX.sub("", k): v for k, v in state.items()}
     return ckpt
 
 
-def convert_paper(checkpoint: str | Path, out_dir: str | Path, tokenizer_file: Optional[str | Path] = None,
-                  overrides: Optional[list[str]] = None, trust_pickle: bool = False) -> dict:
-    """Convert a paper `last.pt` into a loopscale run directory; returns the conversion record."""
-    src, out = Path(checkpoint), Path(out_dir)
-    ckpt = _load_paper_checkpoint(src, trust_pickle)
+# ---------------------------------------------------------------------------
+# the run directory
+# ---------------------------------------------------------------------------
+def _prepare_out(out: Path, force: bool) -> None:
+    """Refuse an existing run unless `force`; with it, empty the run (called under the lock)."""
+    entries = [p for p in out.iterdir() if p.name != ".lock"]
+    if not entries:
+        return
+    if not force:
+        raise ConversionError(f"{out} already holds a run ({', '.join(sorted(p.name for p in entries)[:4])}); "
+                              f"choose another --out or pass --force to replace it")
+    if not any((out / n).exists() for n in ("model.pt", "config.json", "loopscale.json", "summary.json",
+                                             "model.safetensors")):
+        raise ConversionError(f"{out} is not empty and not a loopscale run; --force replaces runs only")
+    for p in entries:  # every file of the old run: no old summary or eval beside the new weights
+        if p.is_dir() and not p.is_symlink():
+            shutil.rmtree(p)
+        else:
+            p.unlink()
+
+
+def load_official(checkpoint: str | Path, overrides: Optional[list[str]] = None,
+                  trust_pickle: bool = False) -> tuple[LoopedLM, RunConfig, dict, list[str]]:
+    """An official `last.pt` as a loopscale model in memory (fp32, eval mode): (model, run
+    config, the checkpoint dict, the official tensors dropped). `overrides`: `model.KEY=VALUE`."""
+    ckpt = _load_paper_checkpoint(Path(checkpoint), trust_pickle)
+    state = ckpt["model_state"]
+    model_set, objective_set = official_settings(ckpt["config"], state, ckpt.get("total_train_steps"))
     upd = parse_overrides(overrides or [])
-    if any(k != "model" for k in upd):
+    if any(k != "model" for k in upd) or not isinstance(upd.get("model", {}), dict):
         raise ConfigError("convert-paper takes only --set model.KEY=VALUE")
-    state = {re.sub(r"^(module\.|_orig_mod\.)+", "", k): v for k, v in ckpt["model_state"].items()}
-    settings, source = model_settings(ckpt["config"], state, upd.get("model"))
-    cfg = RunConfig.from_dict(merge(RunConfig().to_dict(), {
-        "model": settings, "data": {"vocab_size": settings["vocab_size"]}}))
-    converted, dropped = convert_state(state, settings)
+    model_set.update(upd.get("model", {}))
+    try:
+        cfg = RunConfig.from_dict(merge(RunConfig().to_dict(), {
+            "model": model_set, "objective": objective_set, "data": {"vocab_size": model_set["vocab_size"]}}))
+    except ConfigError as e:
+        raise ConversionError(f"the paper config converts to an invalid loopscale config: {e}") from None
+    converted, dropped = convert_state(state, cfg)
     model = LoopedLM(cfg.model)
-    model.load_state_dict({k: v.float() for k, v in converted.items()})
+    model.load_state_dict(converted)
+    return model.eval(), cfg, ckpt, dropped
+
+
+def convert_paper(checkpoint: str | Path, out_dir: str | Path, tokenizer_file: Optional[str | Path] = None,
+                  overrides: Optional[list[str]] = None, trust_pickle: bool = False, force: bool = False) -> dict:
+    """Convert an official `last.pt` into a loopscale run directory; returns the conversion record.
+    Everything is read and checked before the run directory is touched."""
+    src, out = Path(checkpoint), Path(out_dir)
+    model, cfg, ckpt, dropped = load_official(src, overrides, trust_pickle)
+    model_set, objective_set = cfg.model.__dict__, cfg.objective.__dict__
 
     if tokenizer_file is not None:
-        tok = Tokenizer.from_file(str(tokenizer_file))
+        tok = read_tokenizer_file(tokenizer_file)
     elif ckpt.get("tokenizer") is not None:
-        tok = paper_tokenizer(ckpt["tokenizer"])
+        tok = official_tokenizer(ckpt["tokenizer"])
     else:
         raise ConversionError(f"checkpoint {src} has no tokenizer; give --tokenizer FILE")
-    if tok.get_vocab_size(with_added_tokens=True) > cfg.model.vocab_size:
-        raise ConversionError(f"the tokenizer has {tok.get_vocab_size(with_added_tokens=True)} ids but the "
-                              f"embedding only {cfg.model.vocab_size}")
+    _check_tokenizer(tok, cfg.model.vocab_size)
     tok_json = tok.to_str(pretty=True).encode("utf-8")
 
-    step = ckpt.get("step", ckpt.get("global_step"))
-    record = {"checkpoint": str(src.resolve()), "sha256": hashlib.sha256(src.read_bytes()).hexdigest(),
-              "settings_from": source, "dropped": dropped}
-    out.mkdir(parents=True, exist_ok=True)
-    write_tokenizer(out, tok_json, cfg.model.seq_len)
-    save_weights(out / "model.safetensors", model)
-    atomic_torch_save(out / "model.pt", {"model": model.state_dict(), "config": cfg.to_dict(),
-                                         "step": step if isinstance(step, int) else None, "status": "completed"})
-    atomic_write_json(out / "config.json", {
-        "config": cfg.to_dict(), "env": run_environment("cpu"),
-        "data": {"vocab_size": tok.get_vocab_size(with_added_tokens=True),
-                 "tokenizer_sha256": hashlib.sha256(tok_json).hexdigest()},
-        "converted_from": record})
+    step = ckpt.get("global_step", ckpt.get("step"))
+    try:
+        official_config = json.loads(json.dumps(ckpt["config"], default=str))
+    except (RecursionError, ValueError) as e:
+        raise ConversionError(f"the checkpoint's config cannot be recorded ({type(e).__name__})") from None
+    record = {"checkpoint": str(src.resolve()), "sha256": _sha256_file(src), "official_config": official_config,
+              "settings": {"model": dict(model_set), "objective": dict(objective_set)}, "dropped": dropped}
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ConversionError(f"--out {out} is a file or lies under one; choose another --out") from None
+    with run_lock(out, "loopscale convert-paper"):
+        _prepare_out(out, force)
+        atomic_torch_save(out / "model.pt", {"model": model.state_dict(), "config": cfg.to_dict(),
+                                             "step": step if isinstance(step, int) and not isinstance(step, bool)
+                                             else None, "status": "completed"})
+        # the artifact files of a run (tokenizer, loopscale.json, model.safetensors, the Hugging
+        # Face config.json last: a run with config.json is complete)
+        write_run_files(out, model, {
+            "config": cfg.to_dict(), "env": run_environment("cpu"),
+            "data": {"vocab_size": tok.get_vocab_size(with_added_tokens=True),
+                     "tokenizer_sha256": hashlib.sha256(tok_json).hexdigest()},
+            "converted_from": record}, tok_json)
     return record
 
 
 def cmd_convert_paper(args) -> int:
-    rec = convert_paper(args.checkpoint, args.out, args.tokenizer, args.overrides, args.trust_pickle)
-    src = ", ".join(f"{k}<-{v}" for k, v in rec["settings_from"].items())
-    print(f"converted {args.checkpoint} -> {args.out} ({src}; dropped: {', '.join(rec['dropped']) or 'nothing'})")
+    rec = convert_paper(args.checkpoint, args.out, args.tokenizer, args.overrides, args.trust_pickle, args.force)
+    m, o = rec["settings"]["model"], rec["settings"]["objective"]
+    print(f"converted {args.checkpoint} -> {args.out} (readout {m['readout']}, recurrence {m['recurrence']}, "
+          f"loss {o['loss']}, regularizer {o.get('regularizer', 'none')}; dropped: {', '.join(rec['dropped']) or 'nothing'})")
     return 0
 
 
 def add_cli(subparsers) -> None:
-    p = subparsers.add_parser("convert-paper", help="convert a checkpoint of the paper's training script "
+    p = subparsers.add_parser("convert-paper", help="convert a checkpoint of the paper's official training script "
                                                    "(last.pt) into a loopscale run directory")
-    p.add_argument("checkpoint", help="the paper script's last.pt (keys model_state, config, tokenizer)")
-    p.add_argument("--out", required=True, help="run directory to write")
+    p.add_argument("checkpoint", help="the official trainer's last.pt (keys model_state, config, tokenizer)")
+    p.add_argument("--out", required=True, help="run directory to write (refused if it holds a run, unless --force)")
+    p.add_argument("--force", action="store_true", help="replace the run in --out (every file of it)")
     p.add_argument("--tokenizer", help="tokenizers JSON file (default: the checkpoint's own tokenizer)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="model.KEY=VALUE",
-                   help="a model setting the paper config lacks, e.g. --set model.n_heads=8 (repeatable)")
+                   help="override a converted model setting, e.g. --set model.dropout=0 (repeatable)")
     p.add_argument("--trust-pickle", action="store_true",
                    help="load a checkpoint holding Python objects (unsafe: only for files you trust)")
     p.set_defaults(func=cmd_convert_paper)

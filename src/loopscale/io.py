@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import fcntl
 import hashlib
 import json
 import os
@@ -74,25 +73,54 @@ class RunLocked(RuntimeError):
     """Another process holds the lock of a run directory."""
 
 
+class FileLock:
+    """An exclusive, non-blocking lock on the file `path` (the `filelock` package: flock on
+    POSIX, msvcrt on Windows, so the package imports and locks on every OS). The system drops
+    it when the process exits, however it ends (no stale lock after a kill). The file's text
+    names the holder (`what`), for the one-line refusal a second taker gets."""
+
+    def __init__(self, path: str | os.PathLike):
+        import filelock
+        self.path = Path(path)
+        self._lock = filelock.FileLock(str(self.path), timeout=0)
+
+    def acquire(self, what: str) -> bool:
+        """Take the lock and record `what` in the file; False when another holder has it."""
+        import filelock
+        try:
+            self._lock.acquire()
+        except filelock.Timeout:
+            return False
+        try:
+            self.path.write_text(f"{what}\n")
+        except OSError:  # the holder's name is only a courtesy (a lock file Windows will not share)
+            pass
+        return True
+
+    def holder(self) -> str:
+        try:
+            return self.path.read_text(errors="replace").strip()
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        self._lock.release(force=True)
+
+
 @contextlib.contextmanager
 def run_lock(directory: str | os.PathLike, what: str):
-    """Hold an exclusive lock on `directory` (fcntl lock on DIR/.lock) while the block runs.
+    """Hold an exclusive lock on `directory` (a `FileLock` on DIR/.lock) while the block runs.
 
-    A second holder is refused at once with one line; the kernel drops the lock when the
-    process exits, however it ends (no stale lock after a kill)."""
-    path = Path(directory) / ".lock"
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    A second holder is refused at once with one line; the lock is released when the block
+    ends and dropped by the system when the process exits, however it ends."""
+    lock = FileLock(Path(directory) / ".lock")
+    if not lock.acquire(f"{what} (pid {os.getpid()})"):
+        holder = lock.holder() or "another process"
+        raise RunLocked(f"{directory} is in use by {holder}; wait for it to finish or stop it")
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
-            raise RunLocked(f"{directory} is in use by {holder}; wait for it to finish or stop it") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{what} (pid {os.getpid()})\n".encode(), 0)
         yield
     finally:
-        os.close(fd)  # releases the lock
+        lock.close()
 
 
 def atomic_write_bytes(path, data: bytes) -> Path:

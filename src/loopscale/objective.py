@@ -2,9 +2,11 @@
 
   terminal      L = CE(logits_K)
   per_loop      L = (1/K) Σ_k CE(logits_k)
+  adaptive      L = Σ_k mean_tokens(p_k · CE_k) − w · mean_tokens(H(p)), p the exit gate's
+                survival chain (LoopedLM.exit_pdf), w = entropy_weight (official
+                supervision.mode=adaptive: the gate learns where to stop, the entropy keeps p spread)
   norm_penalty  L += λ · (1/K) Σ_k mean_{batch,pos,channel}(H_k²)   (all K loops, before any norm)
-  exit_gate     (Ouro only) L = mean_tokens[Σ_k p_k·CE_k − β·H(p)] in place of the CE above,
-                p the exit distribution of the model's early_exit_gate
+  scale_anchor  L += w · (sqrt((1/K) Σ_k mean(H_k²)) − target)²       (official supervision.scale_anchor_*)
 
 logits_k = W_emb · r(H_k) (the tied head on exit k's readout); each CE goes through
 `linear_ce.linear_cross_entropy`, which never builds a full [tokens, vocab] logit tensor.
@@ -40,6 +42,8 @@ def compute_loss(model, states: list[torch.Tensor], targets: torch.Tensor, obj: 
     With `all_exits`, exits outside the loss (terminal CE) are still measured, without grad,
     so every step can log the CE of every loop. No host synchronisation happens here."""
     K = len(states)
+    if obj.loss == "adaptive":
+        return _adaptive_loss(model, states, targets, obj)
     ces, in_loss = [], []
     for k, h in enumerate(states):
         final = k == K - 1
@@ -53,22 +57,36 @@ def compute_loss(model, states: list[torch.Tensor], targets: torch.Tensor, obj: 
         ces.append(ce)
         if counts:
             in_loss.append(ce)
-    total = torch.stack(in_loss).mean()
-    if obj.exit_gate:  # the Ouro track: its entropy-regularised expected loss over the exit steps
-        total = exit_gate_loss(model, states, targets, obj.exit_beta)
+    return _regularized(torch.stack(in_loss).mean(), ces, states, obj)
+
+
+def _regularized(total: torch.Tensor, ces: list[torch.Tensor], states: list[torch.Tensor],
+                 obj: ObjectiveConfig) -> LossOutput:
+    """The loss plus the regularizer, with the per-exit records."""
     penalty = torch.stack([h.float().pow(2).mean() for h in states]).mean()
     if obj.regularizer == "norm_penalty":
         total = total + obj.penalty_weight * penalty
+    elif obj.regularizer == "scale_anchor":
+        total = total + obj.anchor_weight * (penalty.sqrt() - obj.anchor_target) ** 2
     return LossOutput(total=total, ce=torch.stack([c.detach().float() for c in ces]),
                       norms=torch.stack([mean_token_norm(h) for h in states]), penalty=penalty.detach())
 
 
-def exit_gate_loss(model, states: list[torch.Tensor], targets: torch.Tensor, beta: float) -> torch.Tensor:
-    """Σ_k p_k·CE_k − β·H(p) per token, averaged (loopscale.ouro.exit_loss), p the exit
-    distribution of the model's gate (`exit_distribution`). Builds each exit's logits."""
-    from .ouro import exit_loss
+def _adaptive_loss(model, states: list[torch.Tensor], targets: torch.Tensor, obj: ObjectiveConfig) -> LossOutput:
+    """Σ_k mean(p_k·CE_k) − w·mean(H(p)): per-token CEs weighted by the exit distribution.
+
+    The gate's gradient rests on the differences between the exits' per-token CEs, which
+    bf16 logits would drown, so the gate and the logits run in fp32 (outside autocast)."""
     K = len(states)
-    pdf = model.exit_distribution(states)
-    ce = torch.stack([F.cross_entropy(model.logits(h, k == K - 1, k=k + 1).float().flatten(0, -2),
-                                      targets.reshape(-1), reduction="none") for k, h in enumerate(states)], dim=-1)
-    return exit_loss(ce.view(pdf.shape), pdf, beta)
+    with torch.autocast(states[0].device.type, enabled=False):
+        dt = torch.promote_types(states[0].dtype, torch.float32)  # bf16 -> fp32; fp32, fp64 stay
+        hs = [h.to(dt) for h in states]
+        pdf = model.exit_pdf(hs)  # [K, B, T]
+        ces, total = [], 0.0
+        for k, h in enumerate(hs):
+            logits = model.logits(h, k == K - 1, k=k + 1)
+            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), reduction="none")
+            total = total + (pdf[k].reshape(-1) * ce).mean()
+            ces.append(ce.mean())
+        entropy = -(pdf * pdf.clamp_min(1e-8).log()).sum(dim=0).mean()
+    return _regularized(total - obj.entropy_weight * entropy, ces, states, obj)

@@ -47,7 +47,7 @@ from torch.utils.checkpoint import checkpoint
 from .config import ConfigError, ModelConfig, RunConfig, preset_dict
 from .io import CheckpointError
 from .readouts import AlphaReadout
-from .registry import readout_spec
+from .registry import GATED_LOSSES, readout_spec
 
 
 class RMSNorm(nn.Module):
@@ -237,10 +237,9 @@ class OuroLM(nn.Module):
 
     def set_objective(self, objective) -> None:
         """Training calls this before wrapping the model for data parallelism: the exit gate
-        learns only under objective.exit_gate; otherwise it is frozen, as no loss reads it (DDP
-        refuses parameters that get no gradient)."""
-        reads_gate = bool(getattr(objective, "exit_gate", False)) or getattr(objective, "loss", None) == "adaptive"
-        self.model.early_exit_gate.requires_grad_(reads_gate)
+        learns only under a loss that reads it (registry.GATED_LOSSES: adaptive); otherwise it
+        is frozen, as DDP refuses parameters that get no gradient."""
+        self.model.early_exit_gate.requires_grad_(getattr(objective, "loss", None) in GATED_LOSSES)
 
     def schedule(self, step: int, total_steps: int) -> None:
         """Settings that follow the training step: none in Ouro (the trainer's hook)."""
@@ -295,7 +294,7 @@ def is_hf_checkpoint(path: str | Path) -> bool:
         return False
     try:
         return json.loads(cfg.read_text()).get("model_type") == "ouro"
-    except (json.JSONDecodeError, OSError, AttributeError):
+    except (ValueError, OSError, AttributeError):  # not JSON, not UTF-8, not a mapping: not an Ouro config
         return False
 
 
@@ -326,7 +325,8 @@ def config_from_hf(hf: dict, seq_len: int = 2048, readout: str = "rmsnorm") -> R
                          norm_eps=float(hf.get("rms_norm_eps", 1e-6)), rope_theta=float(theta), readout=readout,
                          dropout=0.0)
     # the data section only describes the vocabulary (the checkpoint's tokenizer is tokenizer.json)
-    base["data"].update(vocab_size=min(vocab, 65535), tokenizer="bpe" if vocab >= 260 else "word")
+    base["data"].update(vocab_size=min(vocab, 65535), tokenizer="bpe" if vocab >= 260 else "word",
+                        tokenization="joined")
     try:
         return RunConfig.from_dict(base)
     except ConfigError as e:

@@ -46,7 +46,7 @@ import yaml
 
 from . import registry
 from .config import EVAL_PRESETS, MODEL_PRESETS, ConfigError, EvalConfig, RunConfig, merge, read_yaml
-from .io import atomic_write_text
+from .io import atomic_write_bytes, atomic_write_text
 from .registry import AXES, AXIS_DEFAULTS, Condition, axis_values
 
 DIAGNOSTICS = tuple(registry.DIAGNOSTICS)
@@ -391,7 +391,13 @@ def build_experiment(params: dict, name: str) -> Experiment:
         elif size_data != data:
             raise ParamsError(f"{swhere}: its data settings differ from those of {data_from}; an experiment "
                               f"prepares one corpus: set them in {where}.data")
-        for cs in conditions:
+        size_conditions = conditions
+        if "conditions" in spec:  # a size may run its own conditions (and seeds)
+            size_conditions = expand_conditions(spec["conditions"], sets, f"{swhere}.conditions")
+            if not size_conditions:
+                raise ParamsError(f"{swhere}.conditions: no conditions")
+        size_seeds = list(spec.get("seeds", seeds))
+        for cs in size_conditions:
             c = cs.condition
             cond_train, cond_eval = _split_eval(cs.override_dict)
             if "data" in cond_train:
@@ -404,7 +410,7 @@ def build_experiment(params: dict, name: str) -> Experiment:
             axes: dict = {}
             for a, (sec, key) in AXIS_KEYS.items():
                 axes.setdefault(sec, {})[key] = getattr(c, a)
-            for seed in seeds:
+            for seed in size_seeds:
                 rc = _build(RunConfig, RunConfig().to_dict(), size_layers + [
                     (cs.where, "", axes), (f"{cs.where}.overrides", "", cond_train),
                     (f"{where}.seeds", "train", {"seed": seed})], f"{swhere} x {c.id} x seed {seed}")
@@ -430,12 +436,69 @@ def _check_names(params: dict, source: str) -> None:
                 raise ParamsError(f"{source}: {where}: name {name!r} must match {NAME_RE}")
 
 
+# keys of the experiment-settings file (exp.yaml) and where each goes: run overrides of
+# every size (they win over the preset and the experiment's own train/eval), or the
+# experiment's data settings and seed list
+SETTINGS_RUN_KEYS = ("model", "objective", "train", "eval")
+SETTINGS_EXP_KEYS = ("data", "seeds")
+
+
+def _deep_merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for k, v in extra.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def apply_settings(params: dict, settings: Any, source: str) -> dict:
+    """Layer an experiment-settings file over params.yaml: {experiment: {model|objective|train|
+    eval: {...}, data: {...}, seeds: [...]}}. This is the small flat surface `dvc exp run -S
+    exp.yaml:smoke.train.max_steps=40` edits, so that the commented params.yaml is never
+    rewritten; every value is then validated with params.yaml's own checks."""
+    if settings is None:
+        return params
+    if not isinstance(settings, dict):
+        raise ParamsError(f"{source}: must hold a mapping {{experiment: settings}} at top level")
+    exps = params.get("experiments")
+    for name, block in settings.items():
+        if not isinstance(exps, dict) or name not in exps:
+            raise ParamsError(f"{source}: {name}: no experiment of that name in params.yaml")
+        if block is None:
+            continue
+        if not isinstance(block, dict):
+            raise ParamsError(f"{source}: {name}: must be a mapping of settings")
+        bad = sorted(set(block) - set(SETTINGS_RUN_KEYS) - set(SETTINGS_EXP_KEYS))
+        if bad:
+            raise ParamsError(f"{source}: {name}.{bad[0]}: unknown key; choose one of "
+                              f"{', '.join(SETTINGS_RUN_KEYS + SETTINGS_EXP_KEYS)}")
+        exp = dict(exps[name])
+        if block.get("seeds") is not None:
+            exp["seeds"] = block["seeds"]
+        if isinstance(block.get("data"), dict):
+            exp["data"] = _deep_merge(exp.get("data") or {}, block["data"])
+        run = {k: block[k] for k in SETTINGS_RUN_KEYS if block.get(k) is not None}
+        if run and isinstance(exp.get("sizes"), dict):
+            exp["sizes"] = {size: (_deep_merge(spec, {"overrides": _deep_merge(spec.get("overrides") or {}, run)})
+                                   if isinstance(spec, dict) else spec)
+                            for size, spec in exp["sizes"].items()}
+        exps[name] = exp
+    return params
+
+
 def load_and_validate(params_path: str | os.PathLike, schema_path: str | os.PathLike,
-                      overrides: Optional[dict] = None) -> tuple[dict, dict[str, Experiment]]:
-    """Read params.yaml (+ `overrides`, e.g. Snakemake's --config), validate everything and
-    build every experiment. Returns (params, {name: Experiment})."""
+                      overrides: Optional[dict] = None,
+                      settings_path: Optional[str | os.PathLike] = None) -> tuple[dict, dict[str, Experiment]]:
+    """Read params.yaml (+ the experiment-settings file `settings_path`, see apply_settings,
+    + `overrides`, e.g. Snakemake's --config), validate everything and build every
+    experiment. Returns (params, {name: Experiment})."""
     params = load_params(params_path)
     source = str(params_path)
+    if settings_path:
+        try:
+            settings = read_yaml(settings_path)
+        except ConfigError as e:
+            raise ParamsError(str(e)) from None
+        params = apply_settings(params, settings, str(settings_path))
     for k, v in (overrides or {}).items():
         params[k] = v
     check_schema(params, load_schema(schema_path), source)
@@ -470,28 +533,21 @@ def write_if_changed(path: str | os.PathLike, text: str) -> bool:
 
 
 def lock_experiment(name: str, root: str | os.PathLike = "."):
-    """Take the experiment's lock `.snakemake/loopscale-<name>.lock` for as long as the
-    returned file object stays open (the process's lifetime: keep a reference). The system
+    """Take the experiment's lock `.snakemake/loopscale-<name>.lock` (io.FileLock) for as long
+    as the returned lock is not closed (the process's lifetime: keep a reference). The system
     releases it when the process ends, however it ends, so a killed run leaves no stale lock.
 
     Raises LockedError when another live process holds it."""
-    import fcntl
+    from .io import FileLock
 
     path = Path(root) / ".snakemake" / f"loopscale-{name}.lock"
     path.parent.mkdir(parents=True, exist_ok=True)
-    f = open(path, "a+")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        f.seek(0)
-        holder = f.read().strip() or "?"
-        f.close()
+    lock = FileLock(path)
+    if not lock.acquire(f"{os.getpid()}"):
+        holder = lock.holder() or "?"
         raise LockedError(f"another snakemake (pid {holder}) is running experiment {name} in this directory; "
-                          f"wait for it to finish (nothing was written)") from None
-    f.truncate(0)
-    f.write(f"{os.getpid()}\n")
-    f.flush()
-    return f
+                          f"wait for it to finish (nothing was written)")
+    return lock
 
 
 _HEADER = "# Written by the pipeline from params.yaml ({what}); do not edit: edit params.yaml.\n"
@@ -509,20 +565,66 @@ def config_texts(run: PlannedRun) -> tuple[str, str]:
     return train + _dump(cfg), ev + _dump(run.eval.to_dict())
 
 
-def materialize(exp: Experiment, root: str | os.PathLike = ".") -> list[str]:
+def materialize(exp: Experiment, root: str | os.PathLike = ".", undo: Optional[list] = None) -> list[str]:
     """Write the experiment's data config and every run's configs (write-if-changed).
 
-    Returns the paths that were (re)written."""
+    Returns the paths that were (re)written. With an `undo` list, what each write replaced
+    (the old bytes and times, or nothing) and each directory it created are recorded there
+    for `undo_writes`: a dry run plans from the new files, then puts everything back."""
     root = Path(root)
     written = []
-    text = _HEADER.format(what=f"experiment {exp.name}, data settings") + _dump({"data": exp.data})
-    if write_if_changed(root / exp.data_dir / "config.yaml", text):
-        written.append(f"{exp.data_dir}/config.yaml")
+
+    def write(rel: Path, text: str) -> None:
+        path = root / rel
+        if undo is not None:
+            before = _file_state(path)
+            created = [d for d in reversed(path.parents) if not d.exists()]
+        if write_if_changed(path, text):
+            written.append(str(rel))
+            if undo is not None:
+                undo.append((path, before, created))
+    write(Path(exp.data_dir) / "config.yaml",
+          _HEADER.format(what=f"experiment {exp.name}, data settings") + _dump({"data": exp.data}))
     for run in exp.runs:
         for name, t in zip(("config.yaml", "eval.yaml"), config_texts(run)):
-            if write_if_changed(root / run.dir / name, t):
-                written.append(f"{run.dir}/{name}")
+            write(Path(run.dir) / name, t)
     return written
+
+
+def _file_state(path: Path) -> Optional[tuple[bytes, int, int]]:
+    try:
+        st = path.stat()
+        return path.read_bytes(), st.st_atime_ns, st.st_mtime_ns
+    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+        return None
+
+
+def undo_writes(undo: list) -> None:
+    """Put back what `materialize(..., undo=...)` wrote: old contents with their times, new
+    files and the (then empty) directories created for them removed."""
+    for path, before, created in reversed(undo):
+        try:
+            if before is None:
+                path.unlink(missing_ok=True)
+            else:
+                data, atime, mtime = before
+                atomic_write_bytes(path, data)
+                os.utime(path, ns=(atime, mtime))
+            for d in reversed(created):
+                d.rmdir()
+        except OSError:
+            continue  # not empty (another file appeared): left as it is
+
+
+def is_dry_run(argv: list[str]) -> bool:
+    """Whether a snakemake command line asks for a dry run (-n, --dry-run, -n among combined
+    short flags such as -np)."""
+    for a in argv[1:]:
+        if a == "--":
+            break
+        if a.startswith("--dry") or re.fullmatch(r"-[A-Za-z]*n[A-Za-z]*", a):
+            return True
+    return False
 
 
 # ---------------------------------------------------------------------------

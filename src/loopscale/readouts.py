@@ -84,7 +84,8 @@ class AlphaReadout(nn.Module):
         log_s = s.log()
         if self.training and self.s_ref_mode == "ema":
             self._update_s_ref(log_s.detach())
-        log_s_ref = self.log_s_ref if self.s_ref_mode == "learned" else self.log_s_ref.detach()
+        # a copy: later calls update the EMA buffer in place while this graph still needs the value
+        log_s_ref = self.log_s_ref if self.s_ref_mode == "learned" else self.log_s_ref.detach().clone()
         a = self.alpha()
         out = ((1.0 - a) * log_s_ref + a * log_s).exp() * (h / s)
         return out if self.weight is None else out * self.weight

@@ -38,6 +38,7 @@ class Readout:
     order: int = OTHER  # place among readouts in the report (after the canonical conditions)
     linestyle: Union[str, tuple] = "-"  # matplotlib line style of its conditions
     marker: str = "x"
+    invariant_norm: bool = True  # its norm is scale-invariant (False: alpha readout, TaperNorm)
 
     def __post_init__(self):
         if None not in (self.exit_norm, self.final_norm) and self.exit_norm != self.final_norm:
@@ -51,7 +52,7 @@ class Readout:
     @property
     def scale_invariant(self) -> bool:
         """Every exit is scale-invariant, r(αH) = r(H): the loss cannot see ‖H‖."""
-        return self.exit_norm is not None and self.final_norm is not None
+        return self.exit_norm is not None and self.final_norm is not None and self.invariant_norm
 
     @property
     def raw(self) -> bool:
@@ -92,21 +93,32 @@ READOUTS: dict[str, Readout] = {r.name: r for r in (
             "the raw state at every exit, r(H) = H: the loss sees the scale", 1, "--", "s"),
     Readout("final_norm", "final-only norm", None, "rmsnorm",
             "final-only norm: the raw state at exits k < K, RMSNorm at exit K only", 2, (0, (3, 1, 1, 1, 1, 1)), "^"),
+    # the official release's other readouts (model.decode_norm_type; loopscale.readouts)
+    Readout("alpha_readout", "alpha readout", "alpha", "alpha",
+            "s_ref^(1-α)·s^α·u, s = RMS(H), u = H/s: between a constant scale (α=0) and raw (α=1)",
+            linestyle=(0, (1, 1)), marker="v", invariant_norm=False),
+    Readout("tapernorm", "TaperNorm readout", "taper", "taper",
+            "gate·RMSNorm(H) + (1-gate)·c·H·w, gate 1 -> 0 over training (cosine): ends sample-independent",
+            linestyle=(0, (5, 2)), marker="P", invariant_norm=False),
 )}
 
 LOSSES: dict[str, Axis] = {a.name: a for a in (
     Axis("terminal", "terminal CE", "cross-entropy of exit K only", 0),
     Axis("per_loop", "per-loop CE", "mean cross-entropy over the K exits (dense supervision)", 1),
+    Axis("adaptive", "adaptive CE", "exit-gate-weighted CE Σ_k p_k·CE_k − w·H(p) (objective.entropy_weight)"),
 )}
 
 REGULARIZERS: dict[str, Axis] = {a.name: a for a in (
     Axis("none", "", "no regularizer", 0),
     Axis("norm_penalty", "norm penalty", "+ λ·mean_k mean(H_k²) (objective.penalty_weight)", 1),
+    Axis("scale_anchor", "scale anchor", "+ w·(sqrt(mean_k mean(H_k²)) − target)² (objective.anchor_weight, "
+                                         "anchor_target)"),
 )}
 
 RECURRENCES: dict[str, Axis] = {a.name: a for a in (
     Axis("residual", "", "H_k feeds loop k+1 as is (the paper's)", 0),
     Axis("inter_loop_norm", "inter-loop norm", "RMSNorm(H_k) feeds loop k+1: the scale leaves the loop", 1),
+    Axis("spectral_damping", "spectral damping", "σ(a)·H_k feeds loop k+1, a learned scalar (σ(2) ≈ 0.88 at init)"),
 )}
 
 # ---------------------------------------------------------------------------
@@ -168,6 +180,10 @@ def readout_spec(name: str):
     return READOUTS.get(name) or OURO_READOUTS[name]
 
 
+
+# losses that read the model's exit gate (the model builds one: model.exit_gate)
+GATED_LOSSES = ("adaptive",)
+
 AXES = ("readout", "loss", "regularizer", "recurrence")  # the order of a condition id
 AXIS_DEFAULTS = {"regularizer": "none", "recurrence": "residual"}  # readout and loss have none
 
@@ -203,8 +219,10 @@ DIAGNOSTICS: dict[str, Diagnostic] = {d.name: d for d in (
     Diagnostic("norms", "per-loop ||H_k|| and the per-token distribution of ||H_K||"),
     Diagnostic("radial", "radial gradient fraction cos^2(dCE_k/dH_k, H_k) per exit"),
     Diagnostic("lemma", "radial increment and angular update over eval.lemma_loops loops"),
-    Diagnostic("clamp", "inference-time scale clamps (remove_radial, freeze_loop1)"),
+    Diagnostic("clamp", "inference-time scale clamps (official remove_radial, freeze_loop1; "
+                        "remove_radial_from_embedding)"),
     Diagnostic("halting", "calibrated post-hoc exit policies and dynamic-depth speed-up"),
+    Diagnostic("scale", "CE/PPL of the final readout of alpha*H_K, alpha from 0.1 to 10 (scale sensitivity)"),
 )}
 
 

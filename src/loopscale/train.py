@@ -1,14 +1,15 @@
 """Training one run: AdamW at a constant learning rate, resumable, crash-safe.
 
 Files written into the run directory:
-  config.json     fully resolved config + provenance (package, git commit, torch, device)
+  loopscale.json  fully resolved config + provenance (package, git commit, torch, device)
   metrics.jsonl   one JSON record every `log_every` steps (+ validation records)
   state.pt        resumable state every `ckpt_every` steps and on SIGTERM
                   (model, optimiser, RNG, step); removed once the run is finished
   model.pt        final weights + config (+ status), what the evaluations read; like state.pt
                   it records its weights' content hash (verified on load) and the data's identity
-  model.safetensors, tokenizer.json, tokenizer_config.json, special_tokens_map.json
-                  the run as a self-contained artifact (artifacts.py, `loopscale.load`)
+  model.safetensors, config.json (Hugging Face), modeling_loopscale.py, tokenizer.json,
+  tokenizer_config.json, special_tokens_map.json
+                  the run as a self-contained artifact (artifacts.py, `loopscale.load`, loopscale.hf)
   summary.json    status (completed | diverged), steps, tokens, final validation, wall time
 
 The data order is a pure function of (seed, epoch), so a resumed run sees exactly the
@@ -29,6 +30,7 @@ import json
 import logging
 import math
 import os
+import re
 import signal
 import sys
 import threading
@@ -42,7 +44,7 @@ from tqdm.auto import tqdm
 
 from . import data as D
 from . import distributed as DD
-from .config import ConfigError, RunConfig
+from .config import RESULT_FREE, ConfigError, RunConfig
 from .evaluate import exit_losses
 from .io import (CheckpointError, atomic_torch_save, atomic_write_json, atomic_write_text,
                  load_checkpoint, run_environment, run_lock, weights_sha256)
@@ -54,7 +56,8 @@ logger = logging.getLogger("loopscale.train")
 
 # settings that may change between a checkpoint and its resumption without changing results
 _RESUME_FREE = {"max_steps", "epochs", "log_every", "ckpt_every", "eval_every", "eval_tokens",
-                "eval_batch_size", "device", "threads", "compile", "activation_checkpointing", "tensorboard", "fsdp"}
+                "eval_batch_size", "device", "threads", "compile", "activation_checkpointing", "tensorboard", "fsdp",
+                "wandb"}
 
 
 def _progress_line(rec: dict, total_steps: int, tokens_per_step: int) -> str:
@@ -75,12 +78,35 @@ def _tensorboard(log_dir: Path):
     return SummaryWriter(log_dir=str(log_dir))
 
 
+def _wandb(out: Path, cfg: RunConfig):
+    """A Weights & Biases run (train.wandb: true; needs the `wandb` extra). Project from
+    $WANDB_PROJECT (default loopscale), files under RUN/wandb/; WANDB_MODE=offline logs locally
+    (`wandb sync RUN/wandb/offline-run-*` uploads later). A resumed run continues the same W&B run
+    (its id is derived from the run directory)."""
+    try:
+        import wandb
+    except ImportError:
+        from .config import ConfigError
+        raise ConfigError("train.wandb needs the wandb package: pip install 'loopscale[wandb]'") from None
+    import hashlib
+    import os
+    run_id = hashlib.sha1(str(out.resolve()).encode()).hexdigest()[:16]
+    try:
+        return wandb.init(project=os.environ.get("WANDB_PROJECT", "loopscale"), name=f"{out.parent.name}/{out.name}",
+                          id=run_id, resume="allow", dir=str(out), config=cfg.to_dict())
+    except Exception as e:  # no login, no network: one line, before any step is trained
+        from .config import ConfigError
+        msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"train.wandb: W&B could not start ({msg}); run `wandb login` or set "
+                          f"WANDB_MODE=offline") from None
+
+
 class Preempted(RuntimeError):
     """SIGTERM arrived; the state was checkpointed and the run can be resumed."""
 
 
 # settings a finished run's files do not depend on: a finished run is reused when only they change
-_RESULT_FREE = {"threads", "device", "compile", "activation_checkpointing", "ckpt_every", "tensorboard"}
+_RESULT_FREE = set(RESULT_FREE)
 
 
 def resume_comparable(cfg: dict, free=_RESUME_FREE) -> dict:
@@ -224,6 +250,22 @@ class _SigtermFlag:
             signal.signal(signal.SIGTERM, self._old)
 
 
+def stop_with_parent(poll_s: float = 0.5) -> None:
+    """End this process the way a preemption does (SIGTERM: a last state.pt, exit 143) when its
+    parent dies: a pipeline job started by `exec` from Snakemake then never outlives a
+    snakemake that was killed (even with SIGKILL), so no orphan trainer holds the run's lock or
+    writes into a log the next attempt truncates. A daemon thread watching the parent pid
+    (portable; Linux's PR_SET_PDEATHSIG would fire when the parent's *thread* ends)."""
+    parent = os.getppid()
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        logger.info("parent process %d ended: stopping as on SIGTERM", parent)
+        os.kill(os.getpid(), signal.SIGTERM)
+    threading.Thread(target=watch, name="loopscale-parent-watch", daemon=True).start()
+
+
 def _metrics_upto(path: Path, step: int) -> None:
     """Drop log records past `step` (written after the checkpoint a resume starts from)."""
     if not path.exists():
@@ -268,6 +310,20 @@ def _resume(path: Path, cfg: RunConfig, model, opt, device, total_steps: int, dd
     return step, elapsed
 
 
+_PEER_LOST = re.compile(r"gloo|nccl|connection (closed|reset) by peer|broken pipe|processgroup|rendezvous|"
+                        r"timed out .*(collective|store)", re.I)
+
+
+def lost_peer(error: BaseException, world: int) -> bool:
+    """Whether a training error under torchrun came from the other ranks (a lost peer, a
+    broken collective), not from this run: the job then fails and its retry resumes from
+    state.pt; it is never recorded as the run's result (--record-failure)."""
+    if world <= 1:
+        return False
+    dist_error = getattr(torch.distributed, "DistError", ())
+    return isinstance(error, dist_error) or (isinstance(error, RuntimeError) and bool(_PEER_LOST.search(str(error))))
+
+
 def record_failure(cfg: RunConfig, out_dir: str | Path, error: BaseException) -> dict:
     """Mark a run that crashed as failed, keeping state.pt for a later retry.
 
@@ -287,6 +343,8 @@ def record_failure(cfg: RunConfig, out_dir: str | Path, error: BaseException) ->
                                                    "error": summary["error"]})
     from .artifacts import WEIGHTS
     (Path(out_dir) / WEIGHTS).unlink(missing_ok=True)  # weights of an earlier run: not this run's
+    for kept in _KEPT.values():  # nor its finished model.pt / summary.json
+        (Path(out_dir) / kept).unlink(missing_ok=True)
     atomic_write_json(Path(out_dir) / "summary.json", summary)
     return summary
 
@@ -324,6 +382,78 @@ def _clean_leftovers(out: Path) -> None:
             tmp.unlink(missing_ok=True)
 
 
+def _run_outputs(out: Path) -> list[Path]:
+    """What a finished run writes beside its training state: the outputs of training
+    (model.pt, summary.json, the artifact files) and of its evaluations (eval/<diagnostic>.json)."""
+    from .artifacts import HF_CONFIG, MODELING, TOKENIZER_FILES, WEIGHTS
+    from .registry import DIAGNOSTICS
+    names = ["summary.json", HF_CONFIG, "model.pt", WEIGHTS, MODELING, *TOKENIZER_FILES,
+             *(d.file for d in DIAGNOSTICS.values())]
+    return [out / n for n in names]
+
+
+# A finished run keeps a second name (a hard link: no second copy) of model.pt and summary.json.
+# Snakemake deletes a job's outputs before rerunning it as "incomplete", also when the job in
+# fact finished (snakemake alone interrupted with Ctrl-C or SIGINT waits for the running job,
+# then records it incomplete, and `--rerun-incomplete` deletes the finished model.pt): with both
+# files gone and these names holding a finished run of the same settings, the run is restored,
+# never retrained from step 0.
+_KEPT = {"model.pt": ".finished.model.pt", "summary.json": ".finished.summary.json"}
+
+
+def _keep_finished(out: Path) -> None:
+    """Second names for a finished run's model.pt and summary.json (skipped where the file
+    system has no hard links)."""
+    for name, kept in _KEPT.items():
+        (out / kept).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            os.link(out / name, out / kept)
+
+
+def _restore_finished(out: Path, cfg: RunConfig) -> bool:
+    """Put back a finished run of these settings whose model.pt and summary.json were both
+    deleted (see _KEPT); True when it did. Anything else the second names hold is dropped."""
+    if any((out / n).exists() for n in _KEPT) or not all((out / k).is_file() for k in _KEPT.values()):
+        return False
+    try:
+        summary = json.loads((out / _KEPT["summary.json"]).read_text())
+        same = (isinstance(summary, dict) and summary.get("status") in ("completed", "diverged")
+                and summary.get("result_fingerprint") == result_fingerprint(cfg))
+    except (OSError, ValueError):
+        same = False
+    if not same:
+        for kept in _KEPT.values():
+            (out / kept).unlink(missing_ok=True)
+        return False
+    now = time.time()
+    for name, kept in _KEPT.items():  # model.pt first: summary.json, last, says the run is finished
+        tmp = out / f".{name}.restore.tmp"
+        tmp.unlink(missing_ok=True)
+        os.link(out / kept, tmp)
+        os.utime(tmp, (now, now))  # newer than its inputs, as a just-finished job's outputs are
+        os.replace(tmp, out / name)
+    logger.info("%s: kept the finished run (its model.pt and summary.json had been deleted, e.g. by "
+                "snakemake --rerun-incomplete after an interrupt); train with --no-resume to retrain it", out)
+    return True
+
+
+def _invalidate_outputs(out: Path, fresh: bool) -> None:
+    """Before training starts or resumes, remove what an earlier run of this directory left:
+    a run that trains is unfinished, so every finished-run file there is another run's (a
+    retrain with new settings, --no-resume, a resumed state after a kill), and must never sit
+    beside the new loopscale.json looking "completed" (a kill or SIGTERM mid-run). Only the named
+    files go (summary.json and the Hugging Face config.json, which marks a complete artifact,
+    first); a fresh start also drops tensorboard/."""
+    for p in [*(out / k for k in _KEPT.values()), *_run_outputs(out)]:
+        p.unlink(missing_ok=True)
+    with contextlib.suppress(OSError):
+        (out / "eval").rmdir()  # only when empty: it may hold files that are not ours
+    if fresh:
+        if (out / "tensorboard").is_dir():
+            import shutil
+            shutil.rmtree(out / "tensorboard", ignore_errors=True)
+
+
 def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: bool = True,
           progress: bool = True) -> dict:
     """Train one run; returns the summary dict (also written to summary.json).
@@ -339,6 +469,8 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
     with run_lock(out, "loopscale train") if main else contextlib.nullcontext():
         if main:
             _clean_leftovers(out)
+        if resume:
+            _restore_finished(out, cfg)
         done = _finished_summary(out, cfg) if resume else None
         if done is not None:  # these very settings are already trained: keep the run untouched
             (out / "state.pt").unlink(missing_ok=True)  # a kill between model.pt and its removal
@@ -379,10 +511,13 @@ def _train(cfg: RunConfig, data_dir: str | Path, out: Path, *, resume: bool, pro
     if resume and state_path.exists():
         step, elapsed_before = _resume(state_path, cfg, model, opt, device, total_steps, dd)
         if main:
+            _invalidate_outputs(out, fresh=False)
             _metrics_upto(metrics_path, step)
             logger.info("resuming from %s at step %d/%d", state_path, step, total_steps)
-    elif metrics_path.exists() and main:
-        metrics_path.unlink()
+    elif main:
+        _invalidate_outputs(out, fresh=True)  # a run that starts over: nothing of the old one stays
+        state_path.unlink(missing_ok=True)
+        metrics_path.unlink(missing_ok=True)
     DD.barrier(dd)  # rank 0 has read or dropped the old files before it writes new ones
 
     # the data's identity travels with every checkpoint, so a model file copied on its own is
@@ -392,7 +527,7 @@ def _train(cfg: RunConfig, data_dir: str | Path, out: Path, *, resume: bool, pro
         env = run_environment(str(device))
         if dd.enabled:
             env["distributed"] = {"world_size": dd.world, "fsdp": tc.fsdp, "backend": torch.distributed.get_backend()}
-        atomic_write_json(out / "config.json", {"config": cfg.to_dict(), "env": env, "data": data_record})
+        atomic_write_json(out / "loopscale.json", {"config": cfg.to_dict(), "env": env, "data": data_record})
 
     def model_record(weights: dict) -> dict:
         return {"model": weights, "weights_sha256": weights_sha256(weights), "data": data_record}
@@ -407,6 +542,7 @@ def _train(cfg: RunConfig, data_dir: str | Path, out: Path, *, resume: bool, pro
                                            "elapsed": elapsed_before + time.time() - t0, "status": "running"})
 
     def validate() -> dict:
+        model.schedule(step, total_steps)  # TaperNorm's gate at this step, as the official trainer validates
         r = exit_losses(model, val_tokens, tc.eval_batch_size, tc.eval_tokens, device=device)
         return {"step": step, "split": "validation", "tokens": r["tokens"], "val_ce": r["ce"],
                 "val_norm": r["norm"]}
@@ -421,6 +557,7 @@ def _train(cfg: RunConfig, data_dir: str | Path, out: Path, *, resume: bool, pro
     bar = tqdm(total=total_steps, initial=step, disable=not show_bar, desc=out.name, mininterval=1.0,
                dynamic_ncols=True)
     tb = _tensorboard(out / "tensorboard") if tc.tensorboard and main else None
+    wb = _wandb(out, cfg) if tc.wandb and main else None
     t_log, tok_log = time.time(), 0
     try:
         with _SigtermFlag() as sigterm:
@@ -434,6 +571,7 @@ def _train(cfg: RunConfig, data_dir: str | Path, out: Path, *, resume: bool, pro
                 x, y = D.get_batch(train_tokens, starts[DD.shard(batch, dd.rank, dd.world)], mc.seq_len)
                 x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
                 is_log = (step + 1) % tc.log_every == 0 or step + 1 == total_steps
+                model.schedule(step, total_steps)  # settings that follow the step (TaperNorm's gate)
                 done_step = train_step(model, fwd, opt, x, y, cfg, device, all_exits=is_log, dd=dd, guard=guard)
                 if not done_step.finite:  # the update was not applied (on any rank)
                     status, diverged_at = "diverged", step + 1
@@ -468,6 +606,11 @@ def _train(cfg: RunConfig, data_dir: str | Path, out: Path, *, resume: bool, pro
                         for k, (ce, norm) in enumerate(zip(rec["ce"], rec["norm"]), 1):
                             tb.add_scalar(f"ce/loop{k}", ce, step)
                             tb.add_scalar(f"norm/loop{k}", norm, step)
+                    if wb is not None:  # the same curves as TensorBoard's
+                        wb.log({"train/loss": rec["loss"], "train/norm_K": rec["norm"][-1],
+                                "train/grad_norm": rec["grad_norm"], "train/tok_per_s": rec["tok_per_s"],
+                                **{f"ce/loop{k}": c for k, c in enumerate(rec["ce"], 1)},
+                                **{f"norm/loop{k}": n for k, n in enumerate(rec["norm"], 1)}}, step=step)
                 if tc.eval_every and step % tc.eval_every == 0 and step < total_steps:
                     log.write(json.dumps(validate()) + "\n")
                     log.flush()
@@ -482,6 +625,8 @@ def _train(cfg: RunConfig, data_dir: str | Path, out: Path, *, resume: bool, pro
         log.close()
         if tb is not None:
             tb.close()
+        if wb is not None:
+            wb.finish(exit_code=0 if status == "completed" else 1)
 
     summary = {"status": status, "steps": step, "total_steps": total_steps,
                "config_fingerprint": cfg.fingerprint(), "result_fingerprint": result_fingerprint(cfg),
@@ -504,8 +649,9 @@ def _train(cfg: RunConfig, data_dir: str | Path, out: Path, *, resume: bool, pro
         atomic_torch_save(out / "model.pt", {**model_record(weights), "config": cfg.to_dict(),
                                              "step": step, "status": status})
         from .artifacts import write_artifacts  # model.safetensors + tokenizer files (artifacts.py)
-        write_artifacts(out, DD.plain_model(model, weights, dd, tc.fsdp), cfg, data_dir)
-        atomic_write_json(out / "summary.json", summary)
+        write_artifacts(out, DD.plain_model(model, weights, dd, tc.fsdp), cfg, data_dir)  # config.json last
+        atomic_write_json(out / "summary.json", summary)  # last: the run is finished
+        _keep_finished(out)
         state_path.unlink(missing_ok=True)
     DD.barrier(dd)  # no rank reports the run finished before its files exist
     return summary

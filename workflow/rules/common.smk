@@ -12,7 +12,9 @@
 # uses, the writer first takes a per-experiment lock (.snakemake/loopscale-<exp>.lock,
 # held until this snakemake exits, released by the system even on kill -9); a second
 # snakemake on the same experiment stops here with one line, having written nothing.
-# Job processes that parse this file again (cluster jobs) write nothing.
+# Job processes that parse this file again (cluster jobs) write nothing. A dry run
+# (`snakemake -n`) writes them too, so that it plans from them, and puts back every file
+# and mtime it changed when it exits: it leaves no run directory or config behind.
 import os
 import re
 import sys
@@ -24,13 +26,21 @@ try:
     PARAMS, EXPERIMENTS = P.load_and_validate(
         PARAMS_FILE,
         os.path.join(workflow.basedir, "workflow", "schemas", "params.schema.yaml"),
-        overrides={k: v for k, v in config.items() if k != "params"},
+        overrides={k: v for k, v in config.items() if k not in ("params", "settings")},
+        settings_path=config.get("settings"),  # exp.yaml: what `dvc exp run -S` edits
     )
     EXP = EXPERIMENTS[PARAMS["experiment"]]
     if workflow.is_main_process:
         if getattr(workflow.execution_settings, "lock", True):  # not with --nolock
             EXPERIMENT_LOCK = P.lock_experiment(EXP.name)
-        P.materialize(EXP)
+        if P.is_dry_run(sys.argv):  # plan from the new configs, then put every file back:
+            import atexit           # a dry run (a temporary edit, say) leaves no trace
+
+            DRY_RUN_WRITES = []
+            P.materialize(EXP, undo=DRY_RUN_WRITES)
+            atexit.register(P.undo_writes, DRY_RUN_WRITES)
+        else:
+            P.materialize(EXP)
     # the code each stage runs (every module its entry module imports): an input of its jobs
     DATA_CODE, TRAIN_CODE, EVAL_CODE, REPORT_CODE = (
         P.stage_code(s, os.path.relpath(os.path.join(workflow.basedir, "src"))) for s in ("data", "train", "eval", "report")

@@ -5,9 +5,10 @@
 # not as allocations). Files marked with report() go into `snakemake --report report.html`
 # (captions: workflow/report/*.rst; categories Claims, Figures, Tables, in that order).
 
-TABLES = ["main", "depth", "norms", "radial", "lemma", "clamp", "halting", "drift", "runs", "claims"]
-FIGURES = ["norm_per_loop", "norm_training", "ppl_depth", "frontier", "radial_vs_norm", "norm_histogram", "lemma",
-           "exit_training", "drift"]
+TABLES = ["main", "depth", "norms", "radial", "lemma", "clamp", "scale", "halting", "halting_paper", "story", "drift",
+          "runs", "claims"]
+FIGURES = ["norm_per_loop", "norm_training", "ppl_depth", "frontier", "frontier_exits", "radial_vs_norm",
+           "norm_histogram", "lemma", "scale", "exit_training", "drift", "story_quadrant"]
 
 
 localrules:
@@ -27,6 +28,7 @@ rule aggregate:
         md=expand("results/{{exp}}/{table}.md", table=TABLES),
         norm_loops=reported_table("norm_loops"),
         per_seed="results/{exp}/per_seed.csv",
+        train_norms="results/{exp}/train_norms.csv",  # the drift laws' training logs (loopscale report drift-law)
         metrics="results/{exp}/metrics.json",
     log:
         "logs/{exp}/aggregate.log",

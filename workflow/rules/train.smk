@@ -7,13 +7,20 @@
 # Outputs: summary.json and model.pt, which every outcome writes (completed | diverged |
 # failed: with --record-failure a crash is recorded in both, model.pt then holding no
 # weights), so a deleted model.pt retrains and --delete-all-output removes checkpoints.
-# metrics.jsonl and config.json sit beside them. RUN/state.pt (resume state) is
+# metrics.jsonl and loopscale.json (+ the artifact files) sit beside them. RUN/state.pt (resume state) is
 # deliberately undeclared: Snakemake deletes the declared outputs of a failed job, and
 # resuming needs it; one left by other training settings is dropped (--drop-stale-state).
 #
 # Threads: RUN/config.yaml holds train.threads: 0 and the job passes its own threads
 # (--set train.threads), so changing train.threads in params.yaml retrains nothing: it
 # changes a job's speed, not its result (tests/test_pipeline.py).
+#
+# Signals: the job execs the trainer (no shell between), which watches its parent
+# (--stop-with-parent): when snakemake dies, even by SIGKILL, training checkpoints and stops as
+# on SIGTERM, and `--rerun-incomplete` resumes it. Snakemake interrupted alone (Ctrl-C or
+# SIGINT to its pid) waits for the running job, then records it incomplete; the finished run
+# keeps second names of model.pt and summary.json, so the rerun puts it back instead of
+# retraining it (loopscale.train._KEPT).
 #
 # Time limits and preemption: a SIGTERM (SLURM sends one before the time limit) saves
 # state.pt and exits 143, a failed job; Snakemake retries it (`--retries`, set by the
@@ -46,6 +53,6 @@ rule train:
     conda:
         "../envs/loopscale.yaml"
     shell:
-        "{params.launch} --config {input.config:q} --data {params.data:q} --out {params.run:q}"
+        "exec {params.launch} --config {input.config:q} --data {params.data:q} --out {params.run:q}"
         " --set train.threads=$(( {threads} / {params.ranks} ))"
-        " -q --record-failure --drop-stale-state > {log:q} 2>&1"
+        " -q --record-failure --drop-stale-state --stop-with-parent > {log:q} 2>&1"

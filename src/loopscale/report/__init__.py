@@ -3,12 +3,13 @@
 Command line (registered in `loopscale.cli` through `add_cli`):
 
   loopscale report tables  --runs RUN_DIR [RUN_DIR ...] --out results/<exp>
-      writes <out>/{main,depth,norms,radial,lemma,clamp,halting,drift,runs,claims}.{csv,md}
-      and <out>/norm_loops.csv, <out>/per_seed.csv (tidy: one row per run × exit k),
+      writes <out>/{main,depth,norms,radial,lemma,clamp,scale,halting,halting_paper,story,drift,runs,
+      claims}.{csv,md}
+      and <out>/norm_loops.csv, <out>/train_norms.csv, <out>/per_seed.csv (tidy: one row per run × exit k),
       <out>/metrics.json (headline numbers per condition, for DVC)
   loopscale report figures --runs RUN_DIR [RUN_DIR ...] --out results/<exp>/figures
-      writes <out>/{norm_per_loop,norm_training,ppl_depth,frontier,radial_vs_norm,
-      norm_histogram,lemma,exit_training,drift}.{png,pdf} (every file is always written; a
+      writes <out>/{norm_per_loop,norm_training,ppl_depth,frontier,frontier_exits,radial_vs_norm,
+      norm_histogram,lemma,scale,exit_training,drift,story_quadrant}.{png,pdf} (every file is always written; a
       panel without data says so)
   loopscale report write   --runs RUN_DIR [RUN_DIR ...] --results results/<exp>
                            [--figures results/<exp>/figures] [--params params.yaml]

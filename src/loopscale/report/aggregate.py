@@ -91,6 +91,8 @@ def exits(run: Run) -> tuple[Optional[list], str]:
     d = run.diag("depth")
     if d and isinstance(d.get("exits"), list) and d["exits"]:
         return [dict(r) for r in d["exits"]], "depth"
+    if run.diag_status("depth") in ("malformed", "unreadable"):  # never silently replaced by the summary's
+        return None, "none"
     val = run.summary.get("validation") if run.completed else None
     if isinstance(val, dict) and isinstance(val.get("val_ce"), list) and val["val_ce"]:
         norms = val.get("val_norm") or [math.nan] * len(val["val_ce"])
@@ -171,6 +173,13 @@ def clamp_modes(run: Run) -> Optional[dict]:
     return m if isinstance(m, dict) else None
 
 
+def scale_sweep(run: Run) -> Optional[list]:
+    """[{alpha, ce, ppl, delta_ce}] from eval/scale.json (the α scale-sensitivity sweep)."""
+    d = run.diag("scale")
+    rows = d.get("sweep") if d else None
+    return rows if isinstance(rows, list) else None
+
+
 def halting_policies(run: Run) -> Optional[dict]:
     d = run.diag("halting")
     p = d.get("policies") if d else None
@@ -241,6 +250,16 @@ def _missing_note(groups: list[Group], diag: str) -> str:
     return f"Completed runs without a usable eval/{diag}.json (cells empty, n lower): " + "; ".join(miss) + ".\n"
 
 
+def _unusable_note(groups: list[Group], diag: str) -> str:
+    """Completed runs whose eval/<diag>.json exists but cannot be used (unreadable, malformed)."""
+    bad = [f"{g.cond.label} [{g.size.label}] seed {r.seed} ({r.diag_status(diag)})" for g in groups for r in g.used
+           if r.diag_status(diag) in ("malformed", "unreadable")]
+    if not bad:
+        return ""
+    return (f"Completed runs whose eval/{diag}.json is unusable (their cells left empty, not filled from "
+            f"summary.json; see runs.md): " + "; ".join(bad) + ".\n")
+
+
 def _notes(*parts: str) -> str:
     body = "".join(p for p in parts if p)
     return ("\n" + body) if body else ""
@@ -296,7 +315,7 @@ def main_table(groups: list[Group]) -> Table:
     md += _notes("\nmean ± std over seeds (std ddof=1); n = completed seeds / runs. ‖H_k‖ = mean over tokens of the "
                  "per-token L2 norm before any normalisation; √d is the norm of an N(0,1) embedding row (the "
                  "paper's init). Paper columns: the paper's 129M per-loop results and headline norms (PPL over the paper's regex tokens, 3 seeds).\n",
-                 src_note, _excluded_note(groups))
+                 src_note, _unusable_note(groups, "depth"), _excluded_note(groups))
     return Table("main", "Main table: final-exit PPL and ‖H_K‖ per condition (Table 1 analog)", df, md)
 
 
@@ -496,6 +515,45 @@ def clamp_table(groups: list[Group]) -> Table:
     return Table("clamp", "Scale-clamp interventions", pd.DataFrame(rows), md)
 
 
+SCALE_MD_ALPHAS = (0.1, 0.5, 2.0, 10.0)  # the α columns of scale.md (scale.csv has every α)
+
+
+def scale_table(groups: list[Group]) -> Table:
+    """The α scale-sensitivity sweep: CE of the final readout of α·H_K, mean ± std over seeds."""
+    rows, md_rows = [], []
+    for g in groups:
+        per: dict = {}
+        for r in g.used:
+            for row in scale_sweep(r) or []:
+                if finite(row.get("alpha")):
+                    per.setdefault(float(row["alpha"]), []).append(row)
+        n = max([len(v) for v in per.values()] + [0])
+        for a in sorted(per):
+            row = {**_ids(g), "alpha": a}
+            for key in ("ce", "ppl", "delta_ce"):
+                st = stats(v.get(key) for v in per[a])
+                row.update({f"{key}_mean": st[0], f"{key}_std": st[1], f"{key}_n": st[2]})
+            rows.append(row)
+        if not per:
+            md_rows.append([g.size.label, g.cond.label, f"0/{len(g.runs)}"] + [EMPTY] * (len(SCALE_MD_ALPHAS) + 2))
+            continue
+        worst = []
+        for r in g.used:
+            d = [abs(v.get("delta_ce")) for v in scale_sweep(r) or [] if finite(v.get("delta_ce"))]
+            if d:
+                worst.append(max(d))
+        ce1 = pm(*stats(v.get("ce") for v in per.get(1.0, [])), n_row=n)
+        dce = [pm(*stats(v.get("delta_ce") for v in per.get(a, [])), n_row=n) for a in SCALE_MD_ALPHAS]
+        md_rows.append([g.size.label, g.cond.label, f"{n}/{len(g.runs)}", ce1, *dce, pm(*stats(worst), n_row=n)])
+    md = md_table(["Size", "Condition", "n", "CE at α=1"] + [f"ΔCE α={a:g}" for a in SCALE_MD_ALPHAS]
+                  + ["max |ΔCE|"], md_rows)
+    md += _notes("\nScale sensitivity (the official scale_sensitivity.py): CE of the final readout of α·H_K, "
+                 "ΔCE = CE(α) − CE(1), α = 0.1 … 10 (every α in scale.csv and the scale figure). A scale-invariant "
+                 "readout is flat in α (ΔCE = 0: the loss cannot see ‖H_K‖); a raw readout is not.\n",
+                 _missing_note(groups, "scale"), _excluded_note(groups))
+    return Table("scale", "Scale sensitivity: CE of the readout of α·H_K", pd.DataFrame(rows), md)
+
+
 def halting_table(groups: list[Group]) -> Table:
     rows, md_rows = [], []
     for g in groups:
@@ -565,11 +623,20 @@ def runs_table(runs: list[Run], root: Optional[Path] = None) -> Table:
         md_rows.append([r.size.label, r.condition.label, str(r.seed), r.note,
                         f"{steps}/{tot}" if steps is not None else EMPTY,
                         num(r.summary.get("wall_time_s")), num(fe["ppl"]), num(fe["norm"]),
-                        "all" if not missing else ("none" if len(missing) == len(diags) else
-                                                   "missing: " + ", ".join(missing)), path])
+                        "all" if not missing else ("none" if all(diags[d] == "missing" for d in diags) else
+                                                   _diag_text(diags)), path])
     md = md_table(["Size", "Condition", "Seed", "Status", "Steps", "Wall time (s)", "PPL (exit K)", "‖H_K‖",
                    "Diagnostics", "Run directory"], md_rows)
     return Table("runs", "Every run", pd.DataFrame(rows), md)
+
+
+def _diag_text(diags: dict) -> str:
+    """'missing: a, b; malformed: c' for the diagnostics that are not ok."""
+    by: dict = {}
+    for d, st in diags.items():
+        if st != "ok":
+            by.setdefault(st, []).append(d)
+    return "; ".join(f"{st}: {', '.join(ds)}" for st, ds in by.items())
 
 
 def _rel(path: Path, root: Optional[Path]) -> str:

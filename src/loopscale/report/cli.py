@@ -5,7 +5,7 @@ import argparse
 import sys
 from pathlib import Path
 
-_RUN_FILES = ("config.json", "config.yaml", "summary.json", "metrics.jsonl")
+_RUN_FILES = ("loopscale.json", "config.json", "config.yaml", "summary.json", "metrics.jsonl")
 
 
 def find_run_dirs(paths: list[str]) -> list[Path]:
@@ -27,8 +27,10 @@ def find_run_dirs(paths: list[str]) -> list[Path]:
 
 
 def _runs(args):
-    from .runs import load_runs
-    return load_runs(find_run_dirs(args.runs))
+    from .runs import check_runs, load_runs
+    runs = load_runs(find_run_dirs(args.runs))
+    check_runs(runs)  # never average copies of one run, or runs of two experiments
+    return runs
 
 
 def cmd_tables(args) -> int:
@@ -54,7 +56,11 @@ def cmd_figures(args) -> int:
 def cmd_write(args) -> int:
     from ..io import atomic_write_text
     from .write import load_params, report_markdown
+    from ..config import ConfigError
     params = load_params(args.params, args.experiment)
+    if not Path(args.results).is_dir():  # the tables the report links: without them it would link nothing
+        raise ConfigError(f"results directory {args.results} not found: write the tables first "
+                          f"(loopscale report tables --out {args.results})")
     runs = _runs(args)
     text = report_markdown(runs, Path(args.results), Path(args.out), experiment=args.experiment or "",
                            params=params, figures_dir=Path(args.figures) if args.figures else None)
@@ -63,11 +69,58 @@ def cmd_write(args) -> int:
     return 0
 
 
+def cmd_drift_law(args) -> int:
+    from .drift_law import DriftLawError, report
+    try:
+        report(args.results, args.out, holdout=args.holdout, condition_id=args.condition)
+    except DriftLawError as e:
+        print(f"loopscale report drift-law: {e}", file=sys.stderr)
+        return 2
+    print(f"loopscale report drift-law: {len(args.results)} experiment(s) -> {args.out}/drift_law.{{md,csv,png}}")
+    return 0
+
+
+def write_story(run_dirs: list[str], out: Path) -> list[Path]:
+    """story.{csv,md}, story_summary.json and story_quadrant.{png,pdf} of the runs under `run_dirs`."""
+    import json
+    from ..io import atomic_write_text
+    from .aggregate import group_runs, write_tables
+    from .figures import fig_story
+    from .runs import load_runs
+    from .story import json_safe, story_points, story_summary, story_table
+    groups = group_runs(load_runs(find_run_dirs(run_dirs)))
+    out = Path(out)
+    written = write_tables([story_table(groups)], out)
+    summary = json_safe(story_summary(story_points(groups)))
+    written.append(atomic_write_text(out / "story_summary.json",
+                                     json.dumps(summary, indent=2, sort_keys=True, allow_nan=False) + "\n"))
+    written.append(fig_story(groups, out / "story_quadrant.png"))
+    return written
+
+
+def cmd_story(args) -> int:
+    written = write_story(args.runs, Path(args.out))
+    print(f"loopscale eval story: {len(find_run_dirs(args.runs))} runs -> {len(written)} files in {args.out}")
+    return 0
+
+
+def add_story_cli(sub) -> None:
+    """`loopscale eval story` (under `loopscale eval`: a cross-run diagnostic computed from the
+    runs' eval JSONs, report/story.py)."""
+    q = sub.add_parser("story", help="loss placement x scale visibility over a grid's runs (2x2 table, quadrant "
+                                     "figure, radial-vs-norm correlations)")
+    q.add_argument("--runs", nargs="+", required=True, metavar="RUN_DIR",
+                   help="run directories (or directories searched recursively for runs)")
+    q.add_argument("--out", required=True, help="output directory (story.csv, story.md, story_summary.json, "
+                                                "story_quadrant.png + .pdf)")
+    q.set_defaults(func=cmd_story)
+
+
 def add_cli(subparsers) -> None:
     p = subparsers.add_parser("report", help="aggregate tables, figures and REPORT.md from run directories",
                               description="Aggregate run directories into tables (CSV + Markdown), figures (PNG) "
                                           "and REPORT.md.")
-    sub = p.add_subparsers(dest="report_command", required=True, metavar="{tables,figures,write}")
+    sub = p.add_subparsers(dest="report_command", required=True, metavar="{tables,figures,write,drift-law}")
 
     def runs_arg(q):
         q.add_argument("--runs", nargs="+", required=True, metavar="RUN_DIR",
@@ -91,6 +144,15 @@ def add_cli(subparsers) -> None:
     q.add_argument("--experiment", default="", help="experiment name in params.yaml")
     q.add_argument("--out", required=True, help="report file, e.g. results/<exp>/REPORT.md")
     q.set_defaults(func=cmd_write)
+
+    q = sub.add_parser("drift-law", help="one drift law across experiments (width, depth, lr), held against the paper")
+    q.add_argument("--results", nargs="+", required=True, metavar="RESULTS_DIR",
+                   help="results directories holding train_norms.csv (e.g. results/cpu results/cpu_confirm)")
+    q.add_argument("--holdout", default=None, metavar="EXPERIMENT",
+                   help="predict this experiment's final ‖H_K‖ from the others before fitting on it")
+    q.add_argument("--condition", default="rmsnorm-per_loop-none-residual", help="condition id (default: the drifting model)")
+    q.add_argument("--out", required=True, help="output directory, e.g. results/drift_law")
+    q.set_defaults(func=cmd_drift_law)
 
 
 if __name__ == "__main__":  # pragma: no cover

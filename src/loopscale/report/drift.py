@@ -1,27 +1,30 @@
-"""The drift law: how ‖H_K‖ grows with training steps, fitted per condition and extrapolated
-to the paper's training length.
+"""The drift law of one experiment: how ‖H_K‖ grows with training steps, fitted per
+condition and extrapolated to the paper's training lengths.
 
 Data: every training log record (metrics.jsonl: `step`, `norm` = ‖H_k‖ per exit on the
-training batch) of the completed runs of one size × condition, seeds pooled, from
-FIT_FROM_FRACTION of the last logged step on (the early transient is left out). Two laws are
-fitted by least squares:
+training batch) of the completed runs of one size × condition, from FIT_FROM_FRACTION of
+the last logged step on (the early transient is left out). Two laws are fitted by least
+squares:
 
   power   ‖H_K‖ = A · t^b          (a line in log ‖H_K‖ vs log t)
   log     ‖H_K‖ = a + b · log t    (a line in ‖H_K‖ vs log t)
 
 Both are scored by R² of log ‖H_K‖ (the norms span decades, so errors count relatively);
-the law with the higher R² is chosen (a log law that falls to a norm <= 0 by the target
-step is not a candidate). The chosen law is extrapolated to the paper's step
-count for its 44M model (4 epochs of WikiText-103 in 257-token windows every 128 tokens at
-batch 64, `paper_steps`) with a bootstrap interval over the log records (BOOTSTRAP
-resamples, fixed seed: the same runs give the same numbers). This is an extrapolation of a
-small model's law over one to two orders of magnitude of steps, not a measurement: the
-paper's 44M and 129M models are wider and trained on another corpus.
+the law with the higher R² is named "chosen" (a log law that falls to a norm <= 0 by the
+target step is not a candidate), but both are extrapolated: the choice of law is part of
+the uncertainty, so the band spans both laws' 95% intervals. The intervals come from a
+bootstrap over runs (seeds: each resample draws whole runs with replacement), or, with a
+single run, over blocks of consecutive log records — never over single records, which are
+autocorrelated. The targets are the paper's step counts for its 44M and 129M models (4
+epochs of its token stream in 257-token windows every 128 tokens, `paper_steps`). This is
+an extrapolation of a small model's law over one to two orders of magnitude of steps, not
+a measurement; `drift_law.py` fits one law across experiments with width, depth and
+learning rate as factors.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
@@ -40,10 +43,11 @@ MIN_RECORDS = 4  # fewer records (or fewer than 2 distinct steps) than this: no 
 
 def paper_steps(n_tokens: int = paper.WIKITEXT103_TRAIN_TOKENS, seq_len: int = 256, stride: int = 128,
                 batch_size: int = 64, epochs: float = 4.0) -> int:
-    """Optimiser steps of the paper's recipe: windows of seq_len+1 tokens every `stride`
-    tokens (as data.train_window_starts), `batch_size` windows per step, `epochs` passes."""
-    windows = math.ceil((n_tokens - seq_len) / stride)
-    return math.ceil(epochs * (windows // batch_size))
+    """Optimiser steps of the paper's recipe as the official trainer counts them: windows of
+    seq_len+1 tokens every `stride` tokens, `batch_size` windows per step (the last batch of
+    an epoch may be short), `epochs` passes (loopscale.data.train_steps, 'official')."""
+    from ..data import train_steps
+    return train_steps(n_tokens, seq_len, stride, batch_size, epochs)["official"]
 
 
 @dataclass
@@ -104,21 +108,6 @@ def choose(fits: dict[str, Fit], target: Optional[float] = None) -> Fit:
     return lg if finite(lg.r2) and (not finite(p.r2) or lg.r2 > p.r2) else p
 
 
-def fit_points(g: Group) -> tuple[np.ndarray, np.ndarray, int]:
-    """(steps, ‖H_K‖) of the completed runs' log records used in the fit, and the seed count."""
-    pts, seeds = [], 0
-    for r in g.used:
-        tr = [(s, v) for s, v in training_norms(r) if s > 0 and finite(v) and v > 0]
-        if tr:
-            seeds += 1
-            pts += tr
-    if not pts:
-        return np.zeros(0), np.zeros(0), 0
-    last = max(s for s, _ in pts)
-    pts = [(s, v) for s, v in pts if s >= FIT_FROM_FRACTION * last]
-    return np.array([p[0] for p in pts], float), np.array([p[1] for p in pts], float), seeds
-
-
 @dataclass
 class DriftResult:
     group: Group
@@ -129,34 +118,96 @@ class DriftResult:
     chosen: Optional[Fit] = None
     target: int = 0
     at_target: float = math.nan
-    ci: tuple = (math.nan, math.nan)
+    ci: tuple = (math.nan, math.nan)  # the chosen law's 95% interval at `target`
+    by_law: dict = field(default_factory=dict)  # (law, target name) -> (prediction, low, high)
 
     @property
     def ok(self) -> bool:
         return self.chosen is not None
 
+    def band(self, name: str) -> tuple[float, float]:
+        """The spread over both laws at target `name`: the lowest low and highest high of the
+        laws whose prediction there is a positive norm."""
+        got = [v for (law, n), v in self.by_law.items() if n == name and finite(v[0]) and v[0] > 0]
+        if not got:
+            return math.nan, math.nan
+        return min(v[1] for v in got), max(v[2] for v in got)
 
-def drift_law(g: Group, target: Optional[int] = None) -> DriftResult:
-    """Fit both laws to one condition's log records, extrapolate the chosen one to `target`
-    steps (default: the paper's 44M step count) with a bootstrap interval."""
+
+def _run_points(g: Group) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per completed run, its (steps, ‖H_K‖) log records used in the fit."""
+    runs = []
+    for r in g.used:
+        tr = [(s, v) for s, v in training_norms(r) if s > 0 and finite(v) and v > 0]
+        if tr:
+            runs.append(tr)
+    if not runs:
+        return []
+    last = max(s for tr in runs for s, _ in tr)
+    out = []
+    for tr in runs:
+        kept = [(s, v) for s, v in tr if s >= FIT_FROM_FRACTION * last]
+        if kept:
+            out.append((np.array([p[0] for p in kept], float), np.array([p[1] for p in kept], float)))
+    return out
+
+
+BLOCKS = 5  # a single run's log is resampled in this many blocks of consecutive records
+
+
+def bootstrap_resamples(parts: list[tuple[np.ndarray, np.ndarray]], n: int = BOOTSTRAP,
+                        seed: int = BOOTSTRAP_SEED):
+    """Yield (steps, norms) resamples: whole runs drawn with replacement when there are
+    several, else blocks of consecutive records of the one run (a moving-block bootstrap)."""
+    rng = np.random.default_rng(seed)
+    if len(parts) == 1:
+        t, y = parts[0]
+        size = max(1, len(t) // BLOCKS)
+        starts = np.arange(0, max(1, len(t) - size + 1))
+        parts = None
+        for _ in range(n):
+            i = np.concatenate([np.arange(s0, s0 + size) for s0 in rng.choice(starts, BLOCKS)])
+            yield t[i], y[i]
+        return
+    for _ in range(n):
+        pick = rng.integers(0, len(parts), len(parts))
+        yield (np.concatenate([parts[i][0] for i in pick]), np.concatenate([parts[i][1] for i in pick]))
+
+
+def drift_law(g: Group, target: Optional[int] = None, targets: Optional[dict] = None) -> DriftResult:
+    """Fit both laws to one condition's log records and extrapolate both to `target` steps
+    (default: the paper's 44M step count) and to every step count of `targets`, with
+    bootstrap intervals over runs (or blocks of one run's records)."""
     target = paper_steps() if target is None else target
-    t, n, seeds = fit_points(g)
-    res = DriftResult(g, t, n, seeds, target=target)
+    targets = dict(PAPER_TARGETS() if targets is None else targets)
+    parts = _run_points(g)
+    t = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0)
+    n = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0)
+    res = DriftResult(g, t, n, len(parts), target=target)
     if len(t) < MIN_RECORDS or len(np.unique(t)) < 2:
         return res
     res.fits = fit_laws(t, n)
     res.chosen = choose(res.fits, target)
     res.at_target = float(res.chosen.predict(target))
-    rng = np.random.default_rng(BOOTSTRAP_SEED)
-    boot = []
-    for _ in range(BOOTSTRAP):
-        i = rng.integers(0, len(t), len(t))
-        if len(np.unique(t[i])) < 2:
+    at = {"target": target, **targets}
+    boot: dict = {(law, name): [] for law in res.fits for name in at}
+    for bt, bn in bootstrap_resamples(parts):
+        if len(np.unique(bt)) < 2:
             continue
-        boot.append(float(fit_laws(t[i], n[i])[res.chosen.law].predict(target)))
-    if boot:
-        res.ci = (float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5)))
+        fits = fit_laws(bt, bn)
+        for (law, name), acc in boot.items():
+            acc.append(float(fits[law].predict(at[name])))
+    for (law, name), acc in boot.items():
+        pred = float(res.fits[law].predict(at[name]))
+        lo, hi = (float(np.percentile(acc, 2.5)), float(np.percentile(acc, 97.5))) if acc else (math.nan, math.nan)
+        res.by_law[(law, name)] = (pred, lo, hi)
+    res.ci = res.by_law[(res.chosen.law, "target")][1:]
     return res
+
+
+def PAPER_TARGETS() -> dict:
+    """The paper's step counts: {'44M': steps, '129M': steps}."""
+    return {name: paper_steps(batch_size=m["batch_size"]) for name, m in paper.PAPER_MODELS.items()}
 
 
 def drift_results(groups: list[Group]) -> list[DriftResult]:
@@ -173,8 +224,8 @@ def _paper_norm(g: Group) -> str:
 
 
 def drift_table(groups: list[Group]) -> Table:
-    T = paper_steps()
-    T129 = paper_steps(batch_size=64 // 2)
+    targets = PAPER_TARGETS()
+    T, T129 = targets["44M"], targets["129M"]
     rows, md_rows = [], []
     for res in drift_results(groups):
         g = res.group
@@ -192,28 +243,45 @@ def drift_table(groups: list[Group]) -> Table:
                "log_a": f["log"].a if f else math.nan, "log_b": f["log"].b if f else math.nan,
                "log_r2": f["log"].r2 if f else math.nan,
                "target_steps": T, "norm_K_at_target": res.at_target, "ci_low": res.ci[0], "ci_high": res.ci[1],
-               "norm_K_at_target_over_sqrt_d": res.at_target / sq, "paper_norm_K": _paper_norm(g)}
+               "norm_K_at_target_over_sqrt_d": res.at_target / sq, "paper_norm_K": _paper_norm(g),
+               "bootstrap": ("runs" if res.seeds > 1 else "blocks of one run") if res.ok else ""}
+        for name, steps in targets.items():
+            tag = name.lower()
+            row[f"steps_{tag}"] = steps
+            for law in ("power", "log"):
+                pred, lo, hi = res.by_law.get((law, name), (math.nan,) * 3)
+                row[f"{law}_at_{tag}"], row[f"{law}_{tag}_low"], row[f"{law}_{tag}_high"] = pred, lo, hi
+            row[f"band_{tag}_low"], row[f"band_{tag}_high"] = res.band(name)
         rows.append(row)
         if not res.ok:
             md_rows.append([g.size.label, g.cond.label, str(res.seeds), str(len(res.steps)), num(obs),
                             "too few log records", EMPTY, EMPTY, EMPTY, EMPTY, _paper_norm(g)])
             continue
+
+        def at(name: str) -> str:
+            p_, lg = res.by_law[("power", name)][0], res.by_law[("log", name)][0]
+            lo, hi = res.band(name)
+            return f"power {num(p_)}, log {num(lg)}; band {num(lo)} – {num(hi)}"
+
         md_rows.append([g.size.label, g.cond.label, str(res.seeds), str(len(res.steps)), num(obs),
                         f"{res.chosen.law}: {res.chosen.formula}",
-                        f"{_r2(f['power'].r2)} / {_r2(f['log'].r2)}",
-                        num(res.at_target), f"{num(res.ci[0])} – {num(res.ci[1])}", num(res.at_target / sq),
-                        _paper_norm(g)])
-    md = md_table(["Size", "Condition", "seeds", "records", "‖H_K‖ at last step", "law (chosen)",
-                   "R² power / log", f"‖H_K‖ at {T:,} steps", "95% interval", "… /√d", "Paper ‖H_K‖"], md_rows)
+                        f"{_r2(f['power'].r2)} / {_r2(f['log'].r2)}", at("44M"), at("129M"),
+                        num(res.band("44M")[1] / sq), _paper_norm(g)])
+    md = md_table(["Size", "Condition", "seeds", "records", "‖H_K‖ at last step", "law (higher R²)",
+                   "R² power / log", f"‖H_K‖ at {T:,} steps (44M)", f"at {T129:,} steps (129M)",
+                   "band top at 44M /√d", "Paper ‖H_K‖"], md_rows)
     p44, p129 = paper.NORM_K_PER_LOOP_RMSNORM["44M"], paper.NORM_K_PER_LOOP_RMSNORM["129M"]
     md += (f"\n**An extrapolation, not a measurement.** ‖H_K‖ on the training batch (metrics.jsonl) from "
-           f"{FIT_FROM_FRACTION:g} × the last logged step on, seeds pooled; power law A·t^b and log law a + b·ln t "
-           f"fitted by least squares, the one with the higher R² (of ln ‖H_K‖) chosen and extrapolated to "
-           f"{T:,} steps: the paper's 44M recipe (4 epochs of WikiText-103, "
-           f"~{paper.WIKITEXT103_TRAIN_TOKENS / 1e6:.0f}M training tokens, 257-token windows every 128 tokens, "
-           f"batch 64; the 129M model at batch 32 takes {T129:,} steps). 95% interval: bootstrap over the log "
-           f"records ({BOOTSTRAP} resamples). The paper reports ‖H_K‖ ≈ {p44:,} (44M, {p44 / math.sqrt(512):,.0f}·√d) "
-           f"and {p129:,} (129M, {p129 / math.sqrt(768):,.0f}·√d) for per-loop CE + RMSNorm readout; our models "
-           f"are narrower and trained on another corpus, so compare the /√d column and the law's shape, not the "
-           f"absolute number.\n")
-    return Table("drift", f"Drift law: ‖H_K‖ vs training step, extrapolated to {T:,} steps", pd.DataFrame(rows), md)
+           f"{FIT_FROM_FRACTION:g} × the last logged step on; power law A·t^b and log law a + b·ln t fitted by "
+           f"least squares and both extrapolated (the one with the higher R² of ln ‖H_K‖ is named; the band spans "
+           f"both laws' 95% intervals, so the choice of law is part of the uncertainty). Intervals: bootstrap over "
+           f"runs (whole seeds drawn with replacement; one run: {BLOCKS} blocks of consecutive records), "
+           f"{BOOTSTRAP} resamples. Targets: the paper's recipe on its token stream — WikiText-103's "
+           f"{paper.WIKITEXT103_TRAIN_WORDS:,} training words × ≈{paper.PAPER_TOKENS_PER_WORD} regex tokens per "
+           f"word (whitespace runs are tokens) = {paper.WIKITEXT103_TRAIN_TOKENS / 1e6:.1f}M tokens in 257-token "
+           f"windows every 128 tokens, 4 epochs: {T:,} steps at batch 64 (44M), {T129:,} at batch 32 (129M). The "
+           f"paper reports ‖H_K‖ ≈ {p44:,} (44M, {p44 / math.sqrt(512):,.0f}·√d) and {p129:,} "
+           f"(129M, {p129 / math.sqrt(768):,.0f}·√d) for per-loop CE + RMSNorm readout; this law ignores width, "
+           f"depth and learning rate (the cross-experiment law in results/drift_law/ has them as factors).\n")
+    return Table("drift", f"Drift law: ‖H_K‖ vs training step, extrapolated to {T:,} and {T129:,} steps",
+                 pd.DataFrame(rows), md)

@@ -20,8 +20,9 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormat
 
 from ..io import atomic_write
 from .aggregate import (Group, depth_curve, exits, final_exit, group_runs, lemma_loops, norm_histogram, norm_loops,
-                        radial_loops, stats, throughput_curve, training_norms)
-from ..registry import READOUTS, Condition
+                        radial_loops, scale_sweep, stats, throughput_curve, training_norms)
+from ..registry import READOUTS, Condition, condition
+from .fmt import num
 from .runs import Run, finite
 
 
@@ -213,17 +214,29 @@ def _lift_titles(fig) -> None:
 # figures
 # ---------------------------------------------------------------------------
 def fig_norm_per_loop(groups: list[Group], path: Path) -> Path:
+    headline = condition("rmsnorm", "per_loop")  # the paper's drifting model: drawn on top, its ‖H_K‖ labelled
     fig, axes, sizes = _panels(groups)
     for ax, size in zip(axes, sizes):
-        vals = []
-        for g in (g for g in groups if g.size == size):
+        vals, top = [], None
+        for g in sorted((g for g in groups if g.size == size), key=lambda g: g.cond.base == headline.base):
             ks, m, pts = _k_mean(g, norm_loops, "norm")
             if ks:
-                ax.plot(ks, m, color=colour(g.cond), ls=linestyle(g.cond), marker=marker(g.cond), lw=1.8)
+                is_top = g.cond.base == headline.base
+                ax.plot(ks, m, color=colour(g.cond), ls=linestyle(g.cond), marker=marker(g.cond),
+                        lw=2.6 if is_top else 1.8, zorder=4 if is_top else 2)
                 ax.scatter([p[0] for p in pts], [p[1] for p in pts], color=colour(g.cond), s=10, alpha=0.35)
                 vals += m
+                if is_top and _positive(m[-1]):
+                    top = (ks[-1], m[-1], g.cond)
         if vals:
             _log(ax, "y", vals)
+            if top is not None:
+                k, v, cond = top
+                ax.annotate(f"{cond.label}: ‖H_K‖ = {num(v)}", (k, v), xytext=(-6, 8), textcoords="offset points",
+                            ha="right", fontsize=8, color=colour(cond), fontweight="bold")
+                ax.axhline(v, color=colour(cond), lw=0.6, ls=":", zorder=1)
+                lo, hi = ax.get_ylim()
+                ax.set_ylim(lo, max(hi, v * 1.8))  # room for the label
             ax.set_xticks(range(1, size.n_loops + 1)) if size.n_loops <= 16 else _int_ticks(ax)
         else:
             _empty(ax, "norms")
@@ -336,6 +349,48 @@ def fig_frontier(groups: list[Group], path: Path) -> Path:
     return _save(fig, path)
 
 
+def exit_ppl_curve(run: Run) -> Optional[list]:
+    """[{k, ppl}] of the exits k = 1..K, each read through its exit readout (the paper's Table 5)."""
+    ex, _ = exits(run)
+    return ex
+
+
+def fig_frontier_exits(groups: list[Group], path: Path) -> Path:
+    """The paper's compute-quality frontier (Table 5, Figure 4; official plot_pareto_compute_quality.py):
+    depth k = 1..K read through exit k's readout (what a model stopped after k loops would
+    emit), against the evaluation throughput of k loops."""
+    fig, axes, sizes = _panels(groups, overview=True)
+    for ax, size in zip(axes, sizes):
+        xs, ys, at_k = [], [], []
+        for g in (g for g in groups if g.size == size):
+            kp, mp, _ = _k_mean(g, exit_ppl_curve, "ppl")
+            kt, mt, _ = _k_mean(g, throughput_curve, "tokens_per_s")
+            tp = dict(zip(kt, mt))
+            pts = [(tp[k], p, k) for k, p in zip(kp, mp) if k in tp and k <= size.n_loops]
+            if not pts:
+                continue
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colour(g.cond), ls=linestyle(g.cond),
+                    marker=marker(g.cond), ms=4, lw=1.4)
+            for x, y, k in pts:
+                ax.annotate(f"K={k}", (x, y), xytext=(4, -9), textcoords="offset points", fontsize=7,
+                            color=colour(g.cond))
+                if k == size.n_loops:
+                    at_k.append(y)
+                    ax.plot([x], [y], marker="*", color=colour(g.cond), ms=13, mec="k", mew=0.6)
+            xs += [p[0] for p in pts]
+            ys += [p[1] for p in pts]
+        if xs:
+            _set_log(ax, "x", xs)
+            _zoom(ax, at_k, ys)
+        else:
+            _empty(ax, "depth + throughput")
+        ax.set_title(f"Compute–quality frontier, exit readouts — {size.label}")
+        ax.set_xlabel("evaluation throughput at depth k (tokens/s; more loops → left)")
+        ax.set_ylabel("validation perplexity of exit k (its own readout)")
+    _legend(fig, groups, [Line2D([], [], color="0.3", marker="*", ms=11, ls="", mec="k", label="k = K_train")])
+    return _save(fig, path)
+
+
 def fig_radial_vs_norm(groups: list[Group], path: Path) -> Path:
     fig, axes, sizes = _panels(groups)
     floor = 1e-12
@@ -430,6 +485,34 @@ def fig_lemma(groups: list[Group], path: Path) -> Path:
         for ax in (ax_s, ax_u, ax_p):
             ax.set_xlabel("loop k (dotted: K_train)")
             _int_ticks(ax)
+    _legend(fig, groups)
+    return _save(fig, path)
+
+
+def fig_scale(groups: list[Group], path: Path) -> Path:
+    """CE of the final readout of α·H_K against α (the official scale-sensitivity figure)."""
+    fig, axes, sizes = _panels(groups)
+    for ax, size in zip(axes, sizes):
+        any_ = False
+        for g in (g for g in groups if g.size == size):
+            per: dict = {}
+            for r in g.used:
+                for row in scale_sweep(r) or []:
+                    if _positive(row.get("alpha")) and finite(row.get("ce")):
+                        per.setdefault(float(row["alpha"]), []).append(row["ce"])
+            if per:
+                any_ = True
+                al = sorted(per)
+                ax.plot(al, [stats(per[a])[0] for a in al], color=colour(g.cond), ls=linestyle(g.cond),
+                        marker=marker(g.cond), ms=4, lw=1.8)
+        if any_:
+            ax.set_xscale("log")
+            ax.axvline(1.0, color="0.2", ls=":", lw=1)
+        else:
+            _empty(ax, "scale")
+        ax.set_title(f"Scale sensitivity — {size.label}")
+        ax.set_xlabel("scale factor α of H_K before the readout (log scale; dotted: α = 1)")
+        ax.set_ylabel("validation CE of the final readout (nats)")
     _legend(fig, groups)
     return _save(fig, path)
 
@@ -535,16 +618,46 @@ def fig_drift(groups: list[Group], path: Path) -> Path:
     return _save(fig, path)
 
 
+def fig_story(groups: list[Group], path: Path) -> Path:
+    """The quadrant figure: CE gap (symlog) vs log10 ‖H_K‖, one point per run, official thresholds."""
+    from .story import GAP_USABLE, LOG10_NORM_CONTROLLED, story_point
+    fig, axes, sizes = _panels(groups)
+    for ax, size in zip(axes, sizes):
+        pts = [(g, p) for g in groups if g.size == size for r in g.used if (p := story_point(r)) is not None]
+        if not pts:
+            _empty(ax, "depth")
+        for g, p in pts:
+            ax.scatter([p["ce_gap"]], [p["log10_norm_K"]], color=colour(g.cond), marker=marker(g.cond), s=55,
+                       edgecolors="k", linewidths=0.5, zorder=3)
+        ax.set_xscale("symlog", linthresh=1.0)
+        hi = max([p["ce_gap"] for _, p in pts] + [GAP_USABLE])
+        ticks = [t for t in (-1, 0, 1, 2, 5, 10, 20, 50, 100) if t <= 2 * hi and (t >= 0 or any(
+            p["ce_gap"] < 0 for _, p in pts))]
+        ax.set_xticks(ticks, [f"{t:g}" for t in ticks])
+        ax.axvline(GAP_USABLE, color="0.4", ls="--", lw=0.9)
+        ax.axhline(LOG10_NORM_CONTROLLED, color="0.4", ls="--", lw=0.9)
+        ax.text(0.02, 0.02, "usable exits + controlled scale", transform=ax.transAxes, fontsize=8, color="#166534")
+        ax.set_title(f"Loss placement × scale visibility — {size.label}")
+        ax.set_xlabel("early-exit failure: CE(1) − CE(K) (nats, symlog)")
+        ax.set_ylabel("norm drift: log10 ‖H_K‖")
+    _legend(fig, groups)
+    return _save(fig, path)
+
+
 FIGURES = {
     "norm_per_loop": (fig_norm_per_loop, "‖H_k‖ vs loop k per condition"),
     "norm_training": (fig_norm_training, "‖H_K‖ over training steps"),
     "ppl_depth": (fig_ppl_depth, "Validation PPL vs depth (exits and extrapolated depth; K_train marked)"),
-    "frontier": (fig_frontier, "Compute-quality frontier: PPL vs tokens/s"),
+    "frontier": (fig_frontier, "Compute-quality frontier: PPL vs tokens/s (final readout at every depth)"),
+    "frontier_exits": (fig_frontier_exits, "Compute-quality frontier as in the paper (Table 5): PPL of exit k "
+                                           "(its exit readout) vs tokens/s at depth k"),
     "radial_vs_norm": (fig_radial_vs_norm, "Radial gradient fraction vs ‖H_K‖"),
     "norm_histogram": (fig_norm_histogram, "Per-token ‖H_K‖ distribution"),
     "lemma": (fig_lemma, "Lemma-2 check: scale, angular update and their product vs loop"),
+    "scale": (fig_scale, "Scale sensitivity: CE of the readout of α·H_K vs α"),
     "exit_training": (fig_exit_training, "Training CE of every exit over training steps, one panel per condition"),
     "drift": (fig_drift, "Drift law: ‖H_K‖ vs training step, fitted and extrapolated to the paper's step count"),
+    "story_quadrant": (fig_story, "Loss placement × scale visibility: CE(1) − CE(K) vs log10 ‖H_K‖, one point per run"),
 }
 
 

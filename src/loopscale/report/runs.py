@@ -1,7 +1,7 @@
 """Reading run directories: config, status, validation, training log and diagnostics.
 
 Nothing here trusts the directory layout: the condition, size and seed come from the run's
-own `config.json` (or `config.yaml` when a run crashed before writing it). A missing or
+own `loopscale.json` (`config.json` in runs written before it; `config.yaml` when a run crashed before writing it). A missing or
 broken file never raises; it turns into a status ("failed", "missing") or an empty value.
 """
 from __future__ import annotations
@@ -85,6 +85,7 @@ class Run:
     note: str  # human-readable status: "completed", "diverged at step 412", "failed: ..."
     metrics: list = field(default_factory=list)  # training log records
     evals: dict = field(default_factory=dict)  # diag name -> payload (only files that parsed)
+    problems: list = field(default_factory=list)  # files whose values are unusable: "FILE: why"
 
     # convenience accessors ---------------------------------------------------------------
     def cfg(self, section: str, key: str, default=None):
@@ -151,10 +152,85 @@ def _read_jsonl(path: Path) -> list:
     return out
 
 
+# -- the values the tables read: a mistyped one marks its file, never crashes the grid ------
+_NON_NEGATIVE = {"norm", "scale", "tokens_per_s", "radial_fraction", "mean", "median", "p99", "max", "std", "min",
+                 "p99_over_median", "mean_loops", "speedup"}
+_PPL_LIKE = {"ppl", "ppl_full", "ppl_ratio", "rel_ppl"}  # >= 0, +inf allowed (an overflowing exp(CE))
+_REAL = {"ce", "delta_ce", "mean_cos"}
+
+
+def _bad_number(key: str, v) -> Optional[str]:
+    """Why the value `v` of a metric `key` cannot be a result, completing 'KEY is ...' (None
+    when it can be one, is absent, or `key` is not a metric)."""
+    if v is None:
+        return None
+    if key == "k":
+        return None if isinstance(v, int) and not isinstance(v, bool) and v >= 1 else f"{v!r}, not a loop index >= 1"
+    if key not in _METRICS:
+        return None
+    if not isinstance(v, (int, float)) or isinstance(v, bool):
+        return f"{v!r}, not a number"
+    if math.isnan(v):
+        return "NaN"
+    if math.isinf(v) and not (key in _PPL_LIKE and v > 0):
+        return str(v)
+    if key not in _REAL and v < 0:
+        return f"negative ({v:g})"
+    return None
+
+
+_METRICS = _NON_NEGATIVE | _PPL_LIKE | _REAL
+
+
+def malformed(payload: Any, where: str = "") -> Optional[str]:
+    """The first metric of a result payload that is mistyped, NaN or out of range, as
+    'WHERE is WHY' (None when every metric the tables read is a valid number or absent)."""
+    if isinstance(payload, list):
+        for i, v in enumerate(payload):
+            why = malformed(v, f"{where}[{i}]")
+            if why:
+                return why
+        return None
+    if not isinstance(payload, dict):
+        return None
+    for k, v in payload.items():
+        at = f"{where}.{k}" if where else str(k)
+        if isinstance(v, (dict, list)):
+            why = f"{at} is a {type(v).__name__}, not a number" if str(k) in _METRICS | {"k"} else malformed(v, at)
+        else:
+            why = _bad_number(str(k), v)
+            why = why and f"{at} is {why}"
+        if why:
+            return why
+    return None
+
+
+def _check_summary(summary: dict) -> Optional[str]:
+    """Why summary.json's final validation cannot be used (None when it can)."""
+    val = summary.get("validation")
+    if val is None:
+        return None
+    if not isinstance(val, dict):
+        return "validation is not a mapping"
+    for key, kind in (("val_ce", "ce"), ("val_norm", "norm")):
+        v = val.get(key)
+        if v is None and key == "val_norm":
+            continue
+        if not isinstance(v, list):
+            return f"validation.{key} is {v!r}, not a list"
+        for i, x in enumerate(v):
+            why = _bad_number(kind, x)
+            if why:
+                return f"validation.{key}[{i}] is {why}"
+    return None
+
+
 def load_run(path: str | os.PathLike) -> Run:
     """Read one run directory; never raises for missing or broken files."""
     path = Path(path)
-    cj = _read_json(path / "config.json")
+    cj = _read_json(path / "loopscale.json")  # the run record (config.json before that layout)
+    if not (isinstance(cj, dict) and isinstance(cj.get("config"), dict)):
+        cj = _read_json(path / "config.json")
     config, env, data = {}, {}, {}
     if isinstance(cj, dict) and isinstance(cj.get("config"), dict):
         config, env, data = cj["config"], cj.get("env") or {}, cj.get("data") or {}
@@ -184,14 +260,35 @@ def load_run(path: str | os.PathLike) -> Run:
         note += " (no readable config)"
     records = _read_jsonl(path / "metrics.jsonl")
     metrics = [r for r in records if isinstance(r, dict) and r.get("split") is None and "norm" in r]
+    problems: list = []
+    bad_summary = _check_summary(summary) if status == "completed" else None
+    if bad_summary:  # its values are not used; the run says why
+        summary = {k: v for k, v in summary.items() if k != "validation"}
+        problems.append(f"summary.json malformed: {bad_summary}")
     evals = {}
     for name in DIAGNOSTICS:
         p = path / DIAGNOSTICS[name].file
         if p.exists():
             d = _read_json(p)
-            evals[name] = d if isinstance(d, dict) else {"status": "unreadable"}
+            why = malformed(d) if isinstance(d, dict) and d.get("status", "ok") == "ok" else None
+            if not isinstance(d, dict):
+                evals[name] = {"status": "unreadable"}
+                problems.append(f"{DIAGNOSTICS[name].file} unreadable: {'empty' if _empty(p) else 'not a JSON object'}")
+            elif why:
+                evals[name] = {"status": "malformed"}
+                problems.append(f"{DIAGNOSTICS[name].file} malformed: {why}")
+            else:
+                evals[name] = d
+    note += "".join(f" ({p})" for p in problems)
     return Run(path=path, config=config, env=env, data=data, summary=summary, status=status, note=note,
-               metrics=metrics, evals=evals)
+               metrics=metrics, evals=evals, problems=problems)
+
+
+def _empty(p: Path) -> bool:
+    try:
+        return p.stat().st_size == 0
+    except OSError:
+        return False
 
 
 def load_runs(paths) -> list[Run]:
@@ -200,6 +297,61 @@ def load_runs(paths) -> list[Run]:
     runs.sort(key=lambda r: (r.size.sort_key(), r.condition.sort_key(), r.seed if r.seed is not None else -1,
                              str(r.path)))
     return runs
+
+
+# -- which runs may be averaged ---------------------------------------------------------
+_SEED_FREE = ("seed",)  # with config.RESULT_FREE: what may differ between seeds of one experiment
+
+
+def experiment_key(config: dict) -> str:
+    """The run's config without its seed and the settings results do not depend on
+    (config.RESULT_FREE; the evaluation settings): equal for the seeds of one experiment."""
+    from ..config import RESULT_FREE, RunConfig
+    try:  # settings added since a run was trained take their defaults, as when it trained
+        d = RunConfig.from_checkpoint(config).to_dict()
+    except Exception:  # not a valid config: compared as written
+        d = json.loads(json.dumps(config, default=str))
+    d.pop("eval", None)
+    train = d.get("train") if isinstance(d.get("train"), dict) else {}
+    for k in (*RESULT_FREE, *_SEED_FREE):
+        train.pop(k, None)
+    return json.dumps(d, sort_keys=True)
+
+
+def _first_difference(a: dict, b: dict, where: str = "") -> str:
+    """The first setting (dotted) where two config dicts differ, with both values."""
+    for k in sorted(set(a) | set(b), key=str):
+        va, vb = a.get(k), b.get(k)
+        if va == vb:
+            continue
+        if isinstance(va, dict) and isinstance(vb, dict):
+            return _first_difference(va, vb, f"{where}{k}.")
+        return f"{where}{k} {va!r} vs {vb!r}"
+    return "?"
+
+
+def check_runs(runs: list[Run]) -> None:
+    """Refuse, in one ConfigError naming both runs, what must never be averaged: two runs of one
+    (size, condition, seed) (copies of one run would count as two seeds, ± 0), or runs in one
+    table row that are not seeds of one experiment (e.g. 20 and 1,500 steps). Runs without a
+    readable config are not checked (they are listed, never averaged)."""
+    from ..config import ConfigError
+    seen: dict = {}
+    groups: dict = {}
+    for r in runs:
+        if not r.config:
+            continue
+        row = f"{r.condition.label} [{r.size.label}]"
+        key = (r.size, r.condition, str(r.seed))
+        if key in seen:
+            raise ConfigError(f"runs {seen[key].path} and {r.path} are both {row} seed {r.seed}: two copies of "
+                              f"one run would be averaged as two seeds; give the report only one of them")
+        seen[key] = r
+        first = groups.setdefault((r.size, r.condition), r)
+        if experiment_key(first.config) != experiment_key(r.config):
+            diff = _first_difference(json.loads(experiment_key(first.config)), json.loads(experiment_key(r.config)))
+            raise ConfigError(f"runs {first.path} and {r.path} ({row}) are not seeds of one experiment "
+                              f"({diff}); report each experiment's runs separately")
 
 
 def finite(x) -> bool:

@@ -29,6 +29,10 @@ def load_params(path: Optional[str | os.PathLike], experiment: Optional[str]) ->
     exps = d.get("experiments") if isinstance(d, dict) else None
     if isinstance(exps, dict) and experiment in exps and isinstance(exps[experiment], dict):
         return exps[experiment]
+    if experiment:  # a report of an experiment its params file does not describe: refused
+        from ..config import ConfigError
+        known = ", ".join(sorted(map(str, exps))) if isinstance(exps, dict) else "none"
+        raise ConfigError(f"params file {str(path)!r} has no experiment {experiment!r} (experiments: {known})")
     return {}
 
 
@@ -202,11 +206,14 @@ def report_markdown(runs: list[Run], results_dir: Path, out_path: Path, experime
            "verdict computed by the rule in the last column, on the seed means of the completed runs and on every "
            "seed alone (conditions matched at the same model size and seed): \"reproduced (3/3 seeds)\" holds on "
            "the means and in every seed, \"mixed: 2/3 seeds\" holds in 2 of 3 seeds. The rules and thresholds are "
-           "fixed in `src/loopscale/report/claims.py` and were set before looking at results.\n",
+           "fixed in `src/loopscale/report/claims.py`; (c), (f) and (g) were amended and (e2) added after results "
+           "(the last column keeps each rule as first registered, its verdict and the reason), and the robustness "
+           "column gives the verdict over a range of each rule's threshold.\n",
            C.claims_markdown(results),
            "\nThresholds: " + ", ".join(f"`{k}` = {getattr(C, k):g}" for k in (
                "DRIFT_RATIO_MIN", "SMALL_NORM_MAX_PER_SQRT_D", "RADIAL_INVISIBLE_MAX", "RADIAL_VISIBLE_MIN",
-               "K_INVARIANCE_RATIO_MAX", "PPL_GAIN_MIN", "CLAMP_GAP_FRACTION", "CLAMP_FLOOR_NATS")) + ".\n",
+               "K_INVARIANCE_RATIO_MAX", "PPL_GAIN_MIN", "CLAMP_GAP_FRACTION", "CLAMP_FLOOR_NATS",
+               "ACCUMULATION_MAX", "ACCUMULATION_RATIO_MIN", "DEPTH_GAIN_RATIO_MIN")) + ".\n",
            "\n## Figures\n"]
     for name, (_, caption) in FIGURES.items():
         p = figures_dir / f"{name}.png"
@@ -225,5 +232,11 @@ def claims_table(runs: list[Run]) -> Table:
     results = C.evaluate_groups(group_runs(runs))
     df = pd.DataFrame([r.as_dict() for r in results],
                       columns=["size", "id", "claim", "paper", "ours", "verdict", "outcome", "verdict_seed_means",
-                               "seeds_reproduced", "seeds_evaluated", "per_seed", "rule"])
-    return Table("claims", "Claims and verdicts", df, C.claims_markdown(results))
+                               "seeds_reproduced", "seeds_evaluated", "per_seed", "rule", "robustness",
+                               "amendment", "registered_rule", "registered_verdict"])
+    md = C.claims_markdown(results)
+    bad = [f"{r.condition.label} seed {r.seed}: {'; '.join(r.problems)}" for r in runs if r.completed and r.problems]
+    if bad:  # a claim they would have decided may read "not run at this scale": say why
+        md += ("\nResult files that could not be used (their values count nowhere; a verdict that needs them may "
+               "read \"not run at this scale\"): " + "; ".join(bad) + ".\n")
+    return Table("claims", "Claims and verdicts", df, md)

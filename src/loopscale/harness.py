@@ -1,0 +1,252 @@
+"""lm-evaluation-harness support: a trained run as the lm-eval model type `loopscale`.
+
+    loopscale-lm-eval --model loopscale --model_args run=RUN,loops=8 --tasks TASKS
+    python -m loopscale.harness --model loopscale --model_args run=RUN,halting=margin --tasks ...
+
+From Python, `import loopscale.harness` registers the model type in lm-eval's registry, so
+`lm_eval.simple_evaluate(model="loopscale", model_args="run=RUN", tasks=[...])` finds it.
+lm-eval 0.4's own `lm_eval` command discovers no plugins (its models are a fixed table in
+`lm_eval.models`), so `loopscale-lm-eval` is that command with this module imported first:
+every `lm_eval` option works as documented there.
+
+Model args (`--model_args key=value,...`):
+
+  run        the run directory (`loopscale.load(run)`: model.safetensors, config.json,
+             tokenizer.json); required
+  loops      depth k, any k >= 1, also beyond the K of training (default K); every request is
+             scored after loop k with the final readout, `model.logits(model(x, n_loops=k)[-1])`
+  halting    max_prob | margin | entropy: per-token early exit. A token's log-probabilities come
+             from the first exit j < k whose confidence reaches the threshold (the exit readout
+             the model was trained with), else from exit k. As in `loopscale eval halting`'s
+             token policy this is post hoc in scoring (every loop runs); `generate_until` halts
+             for real (`loopscale.generate`, KV cache, halted tokens copied forward)
+  threshold  τ of the halting policy (default: the per-token threshold `loopscale eval halting`
+             calibrated for the run, RUN/eval/halting.json)
+  device     cpu (default), cuda, cuda:1, ...
+  batch_size requests scored per forward pass (default 8)
+  max_length context window in tokens (default: the model's seq_len, its learned positions)
+  max_gen_toks  tokens `generate_until` produces at most (default 256; gen_kwargs may set it)
+
+Tokens. The run's own tokenizer splits text as the paper's word-level regex does (a run of
+whitespace is a token of its own). A (context, continuation) pair is encoded as lm-eval's
+Hugging Face model does: whitespace at the end of the context moves to the continuation, the
+pair is encoded whole and the continuation is what follows the context's tokens. A request with
+an empty context, and the first window of a rolling (perplexity) request, is conditioned on
+the document separator: the whitespace token ``"\\n\\n"`` that precedes every document in the
+training stream (data.DOC_SEPARATOR), `<eos>` if the vocabulary lacks it.
+
+Rolling log-likelihood (perplexity tasks) scores every token of the text once, in disjoint
+windows of `max_length` tokens each conditioned on the tokens before it
+(`lm_eval.utils.get_rolling_token_windows` with context 1, `make_disjoint_window`).
+"""
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+try:
+    from lm_eval.api.model import LM
+    from lm_eval.api.registry import register_model
+    from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+except ImportError as e:  # the optional extra
+    raise ImportError("loopscale.harness needs lm-evaluation-harness: pip install 'loopscale[lm-eval]' "
+                      f"(lm-eval==0.4.13, pinned in requirements.lock) [{e}]") from None
+
+from .config import ConfigError
+from .data import DOC_SEPARATOR
+from .halting import POLICIES, confidences
+from .io import CheckpointError
+
+__all__ = ["LoopscaleLM", "main"]
+log = logging.getLogger(__name__)
+
+
+def _int_arg(name: str, value, minimum: int) -> int:
+    try:
+        v = int(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"--model_args {name}: expected an integer, got {value!r}") from None
+    if v < minimum:
+        raise ConfigError(f"--model_args {name}: must be >= {minimum}, got {v}")
+    return v
+
+
+@register_model("loopscale")
+class LoopscaleLM(LM):
+    """A loopscale run directory as an lm-eval LM (loglikelihood, rolling, generate_until)."""
+
+    def __init__(self, run: Optional[str] = None, loops=None, halting: Optional[str] = None,
+                 threshold=None, device: str = "cpu", batch_size=8, max_length=None,
+                 max_gen_toks=256, **unused):
+        super().__init__()
+        from .artifacts import load
+        from .generate import run_threshold
+        if not run:
+            raise ConfigError("--model_args run=RUN is required (a trained run directory)")
+        self.run = Path(run)
+        device = device or "cpu"
+        if str(device).startswith("cuda") and not torch.cuda.is_available():
+            log.warning("device %s requested but CUDA is not available: using cpu", device)
+            device = "cpu"  # lm_eval's command line defaults to cuda, as its `hf` model falls back
+        self.model, self.tokenizer, self.cfg = load(self.run, device=device)
+        self._device = torch.device(device)
+        K = self.cfg.model.n_loops
+        self.loops = K if loops in (None, "") else _int_arg("loops", loops, 1)
+        if halting in ("", "none", "None"):
+            halting = None
+        if halting is not None and halting not in POLICIES:
+            raise ConfigError(f"--model_args halting: unknown policy {halting!r}; choose one of {', '.join(POLICIES)}")
+        if threshold not in (None, "") and halting is None:
+            raise ConfigError("--model_args threshold needs halting=POLICY")
+        self.halting = halting
+        self.threshold = None
+        if halting is not None:
+            self.threshold = (float(threshold) if threshold not in (None, "")
+                              else run_threshold(self.run, halting))
+        bs = 8 if batch_size in (None, "", "auto") else str(batch_size).split(":")[0]
+        self.batch_size = _int_arg("batch_size", 8 if bs == "auto" else bs, 1)
+        seq = self.cfg.model.seq_len
+        self.max_length = seq if max_length in (None, "") else _int_arg("max_length", max_length, 1)
+        if self.max_length > seq:
+            raise ConfigError(f"--model_args max_length: {self.max_length} exceeds the model's seq_len {seq}")
+        self.max_gen_toks = _int_arg("max_gen_toks", max_gen_toks, 1)
+        vocab = self.tokenizer.get_vocab(with_added_tokens=True)
+        # a document starts after the token the training stream puts between rows/documents: the
+        # separator's one token (in the paper's stream the row boundary is <unk>, so that), else <eos>
+        sep = self.tok_encode(DOC_SEPARATOR)
+        self.prefix_id = sep[0] if len(sep) == 1 else vocab.get("<eos>", 0)
+
+    # -- tokens ------------------------------------------------------------------
+    @property
+    def prefix_token_id(self) -> int:
+        return self.prefix_id
+
+    def tok_encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False).ids
+
+    def tok_decode(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def encode_pair(self, context: str, continuation: str) -> tuple[list[int], list[int]]:
+        """(context ids, continuation ids) as lm-eval's HFLM splits them (see the module doc)."""
+        n_space = len(context) - len(context.rstrip())
+        if n_space:
+            context, continuation = context[:-n_space], context[-n_space:] + continuation
+        whole = self.tok_encode(context + continuation)
+        ctx = self.tok_encode(context)
+        return ctx, whole[len(ctx):]
+
+    # -- scoring -------------------------------------------------------------------
+    @torch.inference_mode()
+    def token_logprobs(self, idx: torch.Tensor) -> torch.Tensor:
+        """log p(· | prefix) at every position of idx [B, T]: float32 [B, T, V], read after
+        `loops` loops, or at each token's first confident exit under `halting`."""
+        model, n = self.model, self.loops
+        states = model(idx, n_loops=n)
+        out = F.log_softmax(model.logits(states[-1], final=True).float(), dim=-1)
+        if self.halting is None:
+            return out
+        done = torch.zeros(idx.shape, dtype=torch.bool, device=idx.device)
+        for h in states[:-1]:
+            z = model.logits(h, final=False).float()
+            conf = confidences(z.reshape(-1, z.shape[-1]))[self.halting].view(idx.shape)
+            take = (conf >= self.threshold) & ~done
+            out = torch.where(take[..., None], F.log_softmax(z, dim=-1), out)
+            done |= take
+        return out
+
+    def score(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+        """(sum of log p(continuation | context), whether greedy decoding gives it) per pair."""
+        results = []
+        for b in range(0, len(pairs), self.batch_size):
+            chunk = pairs[b:b + self.batch_size]
+            rows = []
+            for ctx, cont in chunk:
+                if not cont:
+                    raise ConfigError("a request's continuation encodes to no tokens")
+                if len(cont) > self.max_length:
+                    raise ConfigError(f"a request's continuation has {len(cont)} tokens, more than the "
+                                      f"context window (max_length {self.max_length})")
+                ctx = ctx or [self.prefix_id]
+                whole = (ctx + cont)[-(self.max_length + 1):]
+                rows.append((whole[:-1], len(cont)))
+            T = max(len(r) for r, _ in rows)
+            idx = torch.zeros((len(rows), T), dtype=torch.long, device=self._device)
+            for i, (r, _) in enumerate(rows):  # right padding: a causal model's positions < len(r) ignore it
+                idx[i, :len(r)] = torch.tensor(r)
+            logp = self.token_logprobs(idx)
+            for i, ((r, m), (_, cont)) in enumerate(zip(rows, chunk)):
+                lp = logp[i, len(r) - m:len(r)]
+                target = torch.tensor(cont, device=self._device)
+                ll = float(lp.gather(1, target[:, None]).sum().double())
+                results.append((ll, bool((lp.argmax(-1) == target).all())))
+        return results
+
+    # -- the lm-eval interface -----------------------------------------------------------
+    def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
+        pairs = [self.encode_pair(*req.args) for req in requests]
+        out = self.score(pairs)
+        for req, r in zip(requests, out):
+            self.cache_hook.add_partial("loglikelihood", req.args, r)
+        return out
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        out = []
+        for req in requests:
+            (text,) = req.args
+            windows = [make_disjoint_window(w) for w in get_rolling_token_windows(
+                token_list=self.tok_encode(text), prefix_token=self.prefix_id,
+                max_seq_len=self.max_length, context_len=1)]
+            ll = sum(x for x, _ in self.score(windows)) if windows else 0.0
+            self.cache_hook.add_partial("loglikelihood_rolling", (text,), ll)
+            out.append(ll)
+        return out
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        from .generate import Halt, generate
+        halt = Halt(self.halting, self.threshold) if self.halting else None
+        out = []
+        for req in requests:
+            context, kwargs = req.args
+            kwargs = dict(kwargs or {})
+            until = kwargs.pop("until", None) or []
+            until = [until] if isinstance(until, str) else list(until)
+            max_new = _int_arg("max_gen_toks", kwargs.pop("max_gen_toks", self.max_gen_toks), 1)
+            temperature = float(kwargs.pop("temperature", 0.0) or 0.0)
+            if not kwargs.pop("do_sample", temperature > 0):
+                temperature = 0.0
+            prompt = self.tok_encode(context) or [self.prefix_id]
+            g = generate(self.model, prompt, max_new, n_loops=self.loops, temperature=temperature,
+                         top_k=kwargs.pop("top_k", None), seed=int(kwargs.pop("seed", 0) or 0), halt=halt)
+            text = self.tok_decode(g.tokens)
+            for stop in until:
+                if stop and stop in text:
+                    text = text[:text.index(stop)]
+            self.cache_hook.add_partial("generate_until", (context, req.args[1]), text)
+            out.append(text)
+        return out
+
+    def get_model_info(self) -> dict:
+        return {"run": str(self.run), "loops": self.loops, "n_loops_train": self.cfg.model.n_loops,
+                "halting": self.halting, "threshold": None if self.threshold is None or math.isinf(self.threshold)
+                else self.threshold}
+
+
+def main() -> None:
+    """`loopscale-lm-eval`: lm-eval's command line with the `loopscale` model type registered."""
+    import sys
+    from lm_eval.__main__ import cli_evaluate
+    try:
+        cli_evaluate()
+    except (ConfigError, CheckpointError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    main()

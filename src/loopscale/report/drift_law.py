@@ -1,0 +1,396 @@
+"""One drift law across experiments: ‖H_K‖ as a function of training step, width, depth and
+learning rate, held against the paper's numbers.
+
+Data: the per-run training logs every experiment's report writes (`results/<exp>/
+train_norms.csv`: one row per run × logged step, ‖H_K‖ on the training batch), for one
+condition (default: per-loop CE + RMSNorm readout, the drifting model), from
+FIT_FROM_FRACTION of each run's last step on. Two laws, each linear in logs and fitted by
+least squares:
+
+  power   ln ‖H_K‖ = c + b·ln t      + w·ln √d + l·ln L + r·ln lr
+  log     ln ‖H_K‖ = c + b·ln(ln t)  + w·ln √d + l·ln L + r·ln lr
+
+(the log law is ‖H_K‖ ∝ (ln t)^b, logarithmic growth with the same multiplicative factors).
+A factor enters only when the data vary it independently of the others (a factor collinear
+with those already in is dropped, in the order width, depth, learning rate); a prediction
+for a setting of a dropped factor other than the data's is not made (NaN, with the reason).
+
+Uncertainty: a bootstrap over runs (whole runs drawn with replacement within each
+configuration, so every configuration stays in), BOOTSTRAP resamples, plus the run-to-run
+scatter of the fitted runs (the std of their mean log residuals, over √n for a mean of n new
+runs: 3 seeds for the paper's models); the band at a target spans both laws' 95% intervals
+(the choice of law is part of the uncertainty).
+
+Held-out check: with `holdout`, the law is first fitted without that experiment's runs and
+its prediction of their final ‖H_K‖ (mean over runs at their last logged step) is compared
+with what they measured — before the held-out runs enter the final fit.
+
+Targets: the paper's 44M and 129M models (paper.PAPER_MODELS, step counts from the paper's
+token stream, drift.paper_steps) beside their reported ‖H_K‖ (39,207 and 56,051).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import pandas as pd
+
+from . import paper
+from .drift import FIT_FROM_FRACTION, PAPER_TARGETS
+from .fmt import md_table, num
+from ..registry import condition
+
+BOOTSTRAP = 400
+BOOTSTRAP_SEED = 0
+LAWS = ("power", "log")
+FACTORS = (("width", "d_model"), ("depth", "n_layers"), ("lr", "lr"))  # in the order they enter
+DRIFTING = condition("rmsnorm", "per_loop").slug
+LOG_COLUMNS = ["experiment", "size", "condition_id", "seed", "run", "d_model", "n_layers", "n_loops", "lr",
+               "batch_size", "seq_len", "step", "norm_K"]
+
+
+class DriftLawError(ValueError):
+    """Input the cross-experiment law cannot use; the message is one line."""
+
+
+def _time_feature(law: str, t: np.ndarray) -> np.ndarray:
+    return np.log(t) if law == "power" else np.log(np.log(t))
+
+
+def _factor_value(name: str, col: str, v: np.ndarray) -> np.ndarray:
+    v = np.asarray(v, float)
+    return 0.5 * np.log(v) if name == "width" else np.log(v)  # width enters as ln √d
+
+
+@dataclass
+class LawFit:
+    law: str
+    factors: tuple  # factor names that entered
+    coef: np.ndarray  # [c, b, factor coefficients...]
+    r2: float
+
+    def predict(self, step, **setting) -> float:
+        x = [1.0, float(_time_feature(self.law, np.asarray([float(step)]))[0])]
+        for name, col in FACTORS:
+            if name in self.factors:
+                x.append(float(_factor_value(name, col, np.asarray([setting[col]]))[0]))
+        return float(math.exp(float(np.dot(self.coef, x))))
+
+    def formula(self) -> str:
+        t = "ln t" if self.law == "power" else "ln(ln t)"
+        parts = [f"{self.coef[0]:.3f}", f"{self.coef[1]:+.3f}·{t}"]
+        names = {"width": "ln √d", "depth": "ln L", "lr": "ln lr"}
+        parts += [f"{c:+.3f}·{names[f]}" for f, c in zip(self.factors, self.coef[2:])]
+        return "ln ‖H_K‖ = " + " ".join(parts)
+
+
+def _design(df: pd.DataFrame, law: str, factors: tuple) -> np.ndarray:
+    cols = [np.ones(len(df)), _time_feature(law, df["step"].to_numpy(float))]
+    for name, col in FACTORS:
+        if name in factors:
+            cols.append(_factor_value(name, col, df[col].to_numpy(float)))
+    return np.column_stack(cols)
+
+
+def identifiable_factors(df: pd.DataFrame) -> tuple:
+    """The factors the data vary independently of time and of the factors already in."""
+    got: list = []
+    for name, col in FACTORS:
+        X = _design(df, "power", tuple(got) + (name,))
+        if df[col].nunique() > 1 and np.linalg.matrix_rank(X) == X.shape[1]:
+            got.append(name)
+    return tuple(got)
+
+
+def fit(df: pd.DataFrame, law: str, factors: tuple) -> LawFit:
+    X, y = _design(df, law, factors), np.log(df["norm_K"].to_numpy(float))
+    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
+    res = y - X @ coef
+    ss = float(np.sum((y - y.mean()) ** 2))
+    return LawFit(law, factors, coef, 1.0 - float(np.sum(res ** 2)) / ss if ss > 0 else math.nan)
+
+
+def fit_records(logs: pd.DataFrame, condition_id: str = DRIFTING) -> pd.DataFrame:
+    """The log records the law is fitted on: one condition, steps > 0, positive finite norms,
+    from FIT_FROM_FRACTION of each run's last step on."""
+    missing = [c for c in LOG_COLUMNS if c not in logs.columns]
+    if missing:
+        raise DriftLawError(f"training logs lack the column(s) {', '.join(missing)}")
+    df = logs[logs["condition_id"] == condition_id].copy()
+    for c in ("step", "norm_K", "d_model", "n_layers", "lr"):
+        df[c] = pd.to_numeric(df[c], errors="coerce")
+    df = df[(df.step > 1) & np.isfinite(df.norm_K) & (df.norm_K > 0) & (df.d_model > 0) & (df.n_layers > 0)
+            & (df.lr > 0)]
+    last = df.groupby("run").step.transform("max")
+    return df[df.step >= FIT_FROM_FRACTION * last]
+
+
+def _config_key(df: pd.DataFrame) -> pd.Series:
+    return df.d_model.astype(str) + "/" + df.n_layers.astype(str) + "/" + df.lr.astype(str)
+
+
+def _resample_runs(df: pd.DataFrame, rng) -> pd.DataFrame:
+    """Whole runs drawn with replacement within each configuration (width, depth, lr)."""
+    parts = []
+    by_cfg = df.assign(_cfg=_config_key(df)).groupby("_cfg")
+    for _, g in by_cfg:
+        runs = g.run.unique()
+        for r in rng.choice(runs, len(runs)):
+            parts.append(g[g.run == r])
+    return pd.concat(parts).drop(columns="_cfg")
+
+
+@dataclass
+class Prediction:
+    name: str
+    setting: dict
+    step: int
+    by_law: dict = field(default_factory=dict)  # law -> (prediction, low, high)
+    reason: str = ""  # why there is no prediction
+
+    @property
+    def band(self) -> tuple[float, float]:
+        v = [x for x in self.by_law.values() if math.isfinite(x[1]) and math.isfinite(x[2])]
+        return (min(x[1] for x in v), max(x[2] for x in v)) if v else (math.nan, math.nan)
+
+
+@dataclass
+class DriftLaw:
+    records: pd.DataFrame
+    factors: tuple
+    fits: dict  # law -> LawFit
+    boot: dict  # law -> list of LawFit
+    run_scatter: dict = field(default_factory=dict)  # law -> std of the runs' mean log residual
+
+    def predict(self, name: str, step: int, n_runs: int = 3, **setting) -> Prediction:
+        """The law at (step, setting), with a 95% band for the mean of `n_runs` new runs: the
+        bootstrap spread of the law plus the run-to-run scatter of the fitted runs."""
+        p = Prediction(name, setting, int(step))
+        rng = np.random.default_rng(BOOTSTRAP_SEED + 1)
+        data = self.records
+        for fname, col in FACTORS:
+            if fname not in self.factors:
+                seen = sorted(set(data[col].astype(float)))
+                if not any(math.isclose(setting[col], v, rel_tol=1e-9) for v in seen):
+                    p.reason = (f"the runs do not vary {fname} ({col} = {', '.join(f'{v:g}' for v in seen)}); "
+                                f"{col} = {setting[col]:g} is not predicted")
+                    return p
+        for law in LAWS:
+            sd = self.run_scatter.get(law, 0.0) / math.sqrt(max(1, n_runs))
+            draws = [b.predict(step, **setting) * math.exp(rng.normal(0.0, sd)) for b in self.boot[law]]
+            lo, hi = (float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))) if draws else \
+                (math.nan, math.nan)
+            p.by_law[law] = (self.fits[law].predict(step, **setting), lo, hi)
+        return p
+
+
+def fit_drift_law(records: pd.DataFrame, n_boot: int = BOOTSTRAP, seed: int = BOOTSTRAP_SEED) -> DriftLaw:
+    if records.empty or records.run.nunique() < 2:
+        raise DriftLawError("the drift law needs the training logs of at least two runs of the condition")
+    factors = identifiable_factors(records)
+    fits = {law: fit(records, law, factors) for law in LAWS}
+    rng = np.random.default_rng(seed)
+    boot: dict = {law: [] for law in LAWS}
+    for _ in range(n_boot):
+        r = _resample_runs(records, rng)
+        for law in LAWS:
+            boot[law].append(fit(r, law, factors))
+    scatter = {}
+    for law_, f in fits.items():
+        resid = np.log(records["norm_K"].to_numpy(float)) - _design(records, law_, factors) @ f.coef
+        per_run = pd.Series(resid, index=records.index).groupby(records["run"]).mean()
+        scatter[law_] = float(per_run.std(ddof=1)) if len(per_run) > 1 else 0.0
+    return DriftLaw(records, factors, fits, boot, scatter)
+
+
+def _setting(df: pd.DataFrame) -> dict:
+    row = df.iloc[0]
+    return {"d_model": float(row.d_model), "n_layers": float(row.n_layers), "lr": float(row.lr)}
+
+
+@dataclass
+class HeldOut:
+    experiment: str
+    observed: float  # mean over its runs of ‖H_K‖ at their last logged step
+    prediction: Prediction
+    n_runs: int
+
+    @property
+    def inside(self) -> Optional[bool]:
+        lo, hi = self.prediction.band
+        return None if not math.isfinite(lo) else bool(lo <= self.observed <= hi)
+
+
+def held_out_check(records: pd.DataFrame, experiment: str, **kw) -> HeldOut:
+    """Fit without `experiment`'s runs, predict their final ‖H_K‖, compare with the measurement."""
+    test = records[records.experiment == experiment]
+    if test.empty:
+        raise DriftLawError(f"held-out experiment {experiment!r} has no training logs of the condition")
+    if test[["d_model", "n_layers", "lr"]].drop_duplicates().shape[0] != 1:
+        raise DriftLawError(f"held-out experiment {experiment!r} mixes configurations; hold out one at a time")
+    law = fit_drift_law(records[records.experiment != experiment], **kw)
+    last = test.loc[test.groupby("run").step.idxmax()]
+    step = int(round(last.step.mean()))
+    pred = law.predict(f"held-out {experiment}", step, n_runs=int(last.run.nunique()), **_setting(test))
+    return HeldOut(experiment, float(last.norm_K.mean()), pred, int(last.run.nunique()))
+
+
+def paper_predictions(law: DriftLaw) -> list[Prediction]:
+    steps = PAPER_TARGETS()
+    return [law.predict(name, steps[name], d_model=m["d_model"], n_layers=m["n_layers"], lr=m["lr"])
+            for name, m in paper.PAPER_MODELS.items()]
+
+
+# ---------------------------------------------------------------------------
+# tables and figure
+# ---------------------------------------------------------------------------
+def read_logs(results_dirs) -> pd.DataFrame:
+    frames = []
+    for d in results_dirs:
+        p = Path(d) / "train_norms.csv"
+        if not p.is_file():
+            raise DriftLawError(f"{p}: no such file (written by `loopscale report tables`)")
+        try:
+            frames.append(pd.read_csv(p))
+        except (pd.errors.ParserError, UnicodeDecodeError, pd.errors.EmptyDataError) as e:
+            raise DriftLawError(f"{p}: not a readable CSV ({type(e).__name__})") from None
+    return pd.concat(frames, ignore_index=True)
+
+
+def _pred_row(p: Prediction) -> dict:
+    row = {"target": p.name, "step": p.step, **p.setting, "reason": p.reason}
+    for law in LAWS:
+        v = p.by_law.get(law, (math.nan,) * 3)
+        row[f"{law}"], row[f"{law}_low"], row[f"{law}_high"] = v
+    row["band_low"], row["band_high"] = p.band
+    return row
+
+
+def _pred_text(p: Prediction) -> str:
+    if p.reason:
+        return f"not predicted: {p.reason}"
+    lo, hi = p.band
+    return (f"power {num(p.by_law['power'][0])}, log {num(p.by_law['log'][0])}; band {num(lo)} – {num(hi)}")
+
+
+def report(results_dirs, out_dir, holdout: Optional[str] = None, condition_id: str = DRIFTING) -> str:
+    """Fit the law on the experiments' logs, write drift_law.{csv,md} and the figure; returns the Markdown."""
+    out = Path(out_dir)
+    logs = read_logs(results_dirs)
+    records = fit_records(logs, condition_id)
+    lines = ["# The drift law across experiments\n"]
+    rows = []
+    ho = None
+    if holdout:
+        ho = held_out_check(records, holdout)
+        r = _pred_row(ho.prediction)
+        r.update(kind="held-out", observed=ho.observed)
+        rows.append(r)
+    law = fit_drift_law(records)
+    preds = paper_predictions(law)
+    for p, (name, v) in zip(preds, paper.NORM_K_PER_LOOP_RMSNORM.items()):
+        r = _pred_row(p)
+        r.update(kind="paper", observed=v)
+        rows.append(r)
+    exps = sorted(records.experiment.unique())
+    cfgs = records[["experiment", "d_model", "n_layers", "lr"]].drop_duplicates()
+    lines.append(f"Condition `{condition_id}`; {records.run.nunique()} runs of {len(exps)} experiment(s) "
+                 f"({', '.join(exps)}), {len(cfgs)} configuration(s); {len(records)} log records from "
+                 f"{FIT_FROM_FRACTION:g} × each run's last step on. Factors the data identify: "
+                 f"{', '.join(law.factors) or 'none (time only)'}.\n")
+    lines.append(md_table(["law", "fit", "R² (ln ‖H_K‖)"],
+                          [[f.law, f"`{f.formula()}`", f"{f.r2:.3f}"] for f in law.fits.values()]))
+    if ho is not None:
+        lo, hi = ho.prediction.band
+        verdict = ("inside" if ho.inside else "outside") if ho.inside is not None else "not predicted"
+        lines.append(f"\n**Held-out check** (fitted without `{holdout}`, then predicted): its {ho.n_runs} run(s) "
+                     f"measured ‖H_K‖ = {num(ho.observed)} at step {ho.prediction.step:,}; predicted "
+                     f"{_pred_text(ho.prediction)} — **{verdict}** the band"
+                     + (f" (measured / band centre {ho.observed / math.sqrt(lo * hi):.2f}×)" if verdict != "not predicted"
+                        else "") + ".\n")
+    prow = []
+    for p, (name, v) in zip(preds, paper.NORM_K_PER_LOOP_RMSNORM.items()):
+        lo, hi = p.band
+        far = ("inside the band" if lo <= v <= hi else
+               f"{v / hi:.1f}× above the band" if v > hi else f"{lo / v:.1f}× below the band") \
+            if math.isfinite(lo) else "—"
+        prow.append([name, f"{p.step:,}", f"d {p.setting['d_model']:g}, {p.setting['n_layers']:g} layers, "
+                     f"lr {p.setting['lr']:g}", _pred_text(p), f"{v:,}", far])
+    lines.append("\n**The paper's models**\n")
+    lines.append(md_table(["model", "steps", "setting", "predicted ‖H_K‖", "paper ‖H_K‖", "paper vs band"], prow))
+    lines.append(f"\nBands: 95% bootstrap over runs ({BOOTSTRAP} resamples, whole runs within each configuration), "
+                 f"spanning both laws. Steps: the paper's token stream ({paper.WIKITEXT103_TRAIN_WORDS:,} WikiText-103 "
+                 f"words × ≈{paper.PAPER_TOKENS_PER_WORD} tokens per word), 4 epochs of 257-token windows every 128 "
+                 f"tokens. An extrapolation over one to two orders of magnitude in steps and width, not a "
+                 f"measurement.\n")
+    md = "\n".join(lines)
+    out.mkdir(parents=True, exist_ok=True)
+    from ..io import atomic_write_text
+    atomic_write_text(out / "drift_law.md", md)
+    atomic_write_text(out / "drift_law.csv", pd.DataFrame(rows).to_csv(index=False))
+    _figure(law, preds, ho, out / "drift_law.png")
+    return md
+
+
+def _figure(law: DriftLaw, preds: list, ho: Optional[HeldOut], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7.5, 4.8), layout="constrained")
+    r = law.records
+    cmap = plt.get_cmap("viridis")
+    cfgs = r[["d_model", "n_layers", "lr"]].drop_duplicates().sort_values(["d_model", "n_layers", "lr"])
+    for i, (_, c) in enumerate(cfgs.iterrows()):
+        col = cmap(i / max(1, len(cfgs) - 1))
+        g = r[(r.d_model == c.d_model) & (r.n_layers == c.n_layers) & (r.lr == c.lr)]
+        ax.scatter(g.step, g.norm_K, s=5, color=col, alpha=0.4, lw=0)
+        t = np.geomspace(g.step.min(), max(PAPER_TARGETS().values()), 60)
+        s = dict(d_model=c.d_model, n_layers=c.n_layers, lr=c.lr)
+        ax.plot(t, [law.fits["power"].predict(x, **s) for x in t], color=col, lw=1.3,
+                label=f"d {c.d_model:g}, {c.n_layers:g}L, lr {c.lr:g} (power)")
+        ax.plot(t, [law.fits["log"].predict(x, **s) for x in t], color=col, lw=1.0, ls="--")
+    for p, (name, v) in zip(preds, paper.NORM_K_PER_LOOP_RMSNORM.items()):
+        ax.plot([p.step], [v], marker="*", ms=13, color="k", mfc="w", ls="")
+        ax.annotate(f"paper {name}: {v:,}", (p.step, v), xytext=(-8, 6), textcoords="offset points", ha="right",
+                    fontsize=8)
+        lo, hi = p.band
+        if math.isfinite(lo):
+            ax.errorbar([p.step], [math.sqrt(lo * hi)], yerr=[[math.sqrt(lo * hi) - lo], [hi - math.sqrt(lo * hi)]],
+                        color="C3", capsize=4, lw=1.4, marker="o", ms=4)
+    if ho is not None and math.isfinite(ho.prediction.band[0]):
+        lo, hi = ho.prediction.band
+        ax.errorbar([ho.prediction.step], [math.sqrt(lo * hi)], yerr=[[math.sqrt(lo * hi) - lo],
+                                                                        [hi - math.sqrt(lo * hi)]],
+                    color="C1", capsize=4, lw=1.4, ls="")
+        ax.plot([ho.prediction.step], [ho.observed], marker="D", color="C1", ls="", label=f"held out: {ho.experiment}")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("training step (log)")
+    ax.set_ylabel("‖H_K‖ on the training batch (log)")
+    ax.set_title("Drift law across experiments (solid: power, dashed: log law; red: band at the paper's targets)",
+                 fontsize=9)
+    ax.legend(fontsize=7, frameon=False)
+    fig.savefig(path, dpi=120)
+    fig.savefig(path.with_suffix(".pdf"))
+    plt.close(fig)
+
+
+def train_norms_frame(runs) -> pd.DataFrame:
+    """The per-run training logs every experiment's report writes (`train_norms.csv`)."""
+    from .aggregate import training_norms
+    rows = []
+    for r in runs:
+        if not r.completed:
+            continue
+        parts = Path(r.path).parts
+        exp, size = (parts[-4], parts[-3]) if len(parts) >= 4 else ("", "")
+        m, t = r.config.get("model") or {}, r.config.get("train") or {}
+        for step, norm in training_norms(r):
+            rows.append({"experiment": exp, "size": size, "condition_id": r.condition.slug, "seed": r.seed,
+                         "run": "/".join(parts[-4:]), "d_model": m.get("d_model"), "n_layers": m.get("n_layers"),
+                         "n_loops": m.get("n_loops"), "lr": t.get("lr"), "batch_size": t.get("batch_size"),
+                         "seq_len": m.get("seq_len"), "step": step, "norm_K": norm})
+    return pd.DataFrame(rows, columns=LOG_COLUMNS)

@@ -1,0 +1,176 @@
+"""A run directory is a Hugging Face model: AutoModelForCausalLM (remote code or registered
+classes), model.generate and pipeline("text-generation") agree with loopscale's own code."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+import loopscale  # noqa: E402  (registers the classes with the Auto classes)
+from loopscale.artifacts import WEIGHTS, write_run_files  # noqa: E402
+from loopscale.config import preset  # noqa: E402
+from loopscale.generate import generate  # noqa: E402
+from loopscale.hf import LoopscaleConfig, LoopscaleForCausalLM  # noqa: E402
+from loopscale.model import LoopedLM  # noqa: E402
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, pipeline  # noqa: E402
+from transformers.modeling_outputs import CausalLMOutputWithPast  # noqa: E402
+
+PROMPT = "The Congress of the United States"
+
+
+def make_run(path, smoke_data, seed=0, **model):
+    """A run directory of an untrained (random, so varied greedy output) smoke model."""
+    cfg = preset("smoke", {"model": {"vocab_size": 512, **model}, "data": {"vocab_size": 512}})
+    torch.manual_seed(seed)
+    lm = LoopedLM(cfg.model).eval()
+    with torch.no_grad():  # smaller embeddings: greedy decoding does not just repeat the last token
+        lm.tok_emb.weight.mul_(0.3)
+    path.mkdir(parents=True)
+    write_run_files(path, lm, {"config": cfg.to_dict(), "env": {}, "data": {}},
+                    (smoke_data / "tokenizer.json").read_bytes())
+    return path
+
+
+@pytest.fixture(scope="module")
+def run(smoke_data, tmp_path_factory):
+    return make_run(tmp_path_factory.mktemp("hf") / "run", smoke_data, readout="final_norm")
+
+
+def _until_eos(ids, eos=2):
+    return ids[:ids.index(eos) + 1] if eos in ids else ids
+
+
+def test_config_json_is_a_hugging_face_config(run):
+    conf = json.loads((run / "config.json").read_text())
+    assert conf["model_type"] == "loopscale" and conf["architectures"] == ["LoopscaleForCausalLM"]
+    assert conf["auto_map"]["AutoModelForCausalLM"] == "modeling_loopscale.LoopscaleForCausalLM"
+    assert conf["n_loops"] == 3 and conf["seq_len"] == 32
+    hf = AutoConfig.from_pretrained(run)
+    assert isinstance(hf, LoopscaleConfig)
+    assert (hf.max_position_embeddings, hf.hidden_size, hf.num_hidden_layers, hf.vocab_size) == (32, 32, 1, 512)
+    assert json.loads((run / "loopscale.json").read_text())["config"]["model"]["n_loops"] == 3
+
+
+@pytest.mark.parametrize("n_loops", [None, 1, 5])
+def test_logits_equal_loopscale_load(run, n_loops):
+    lm, tok, _ = loopscale.load(run)
+    model = AutoModelForCausalLM.from_pretrained(run)
+    assert isinstance(model, LoopscaleForCausalLM) and not model.training
+    ids = torch.tensor([tok.encode(PROMPT).ids])
+    out = model(ids, n_loops=n_loops)
+    assert isinstance(out, CausalLMOutputWithPast)
+    with torch.no_grad():
+        ref = lm.logits(lm(ids, n_loops=n_loops)[-1], final=True)
+    torch.testing.assert_close(out.logits, ref, rtol=0, atol=0)
+    # the loop count as a config field
+    deep = AutoModelForCausalLM.from_pretrained(run, n_loops=5)
+    assert deep.config.n_loops == 5
+    with torch.no_grad():
+        torch.testing.assert_close(deep(ids).logits, lm.logits(lm(ids, n_loops=5)[-1]), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("n_loops", [3, 5])
+def test_greedy_generate_equals_loopscale_generate(run, n_loops):
+    """KV cache, any depth, and 70 new tokens after a 6-token prompt: the 32-position window slides."""
+    lm, tok, _ = loopscale.load(run)
+    model = AutoModelForCausalLM.from_pretrained(run)
+    prompt = tok.encode(PROMPT).ids
+    ref = generate(lm, prompt, 70, n_loops=n_loops)
+    assert ref.slides >= 2
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=70, do_sample=False, n_loops=n_loops)
+    got = out[0, len(prompt):].tolist()
+    assert got == _until_eos(ref.tokens)
+    assert len(set(got)) > 3  # a varied continuation, not one repeated id
+
+
+def test_pipeline_text_generation(run):
+    lm, tok, _ = loopscale.load(run)
+    pipe = pipeline("text-generation", model=str(run))
+    text = pipe(PROMPT, max_new_tokens=12, do_sample=False)[0]["generated_text"]
+    ref = generate(lm, tok.encode(PROMPT).ids, 12)
+    assert text == PROMPT + tok.decode(_until_eos(ref.tokens), skip_special_tokens=True)
+    assert isinstance(AutoTokenizer.from_pretrained(run), transformers.PreTrainedTokenizerBase)
+
+
+def test_forward_refuses_padding_overlong_inputs_and_bad_depths(run):
+    model = AutoModelForCausalLM.from_pretrained(run)
+    ids = torch.randint(4, 512, (2, 8))
+    with pytest.raises(ValueError, match="padding"):
+        model(ids, attention_mask=torch.tensor([[0] + [1] * 7, [1] * 8]))
+    with pytest.raises(ValueError, match="learned positions"):
+        model(torch.randint(4, 512, (1, 33)))
+    for bad in (0, -1, 10**8, 2.5):
+        with pytest.raises(ValueError, match="n_loops"):
+            model(ids, n_loops=bad)
+    assert model(ids, attention_mask=torch.ones(2, 8, dtype=torch.long)).logits.shape == (2, 8, 512)
+
+
+def test_an_older_layout_run_still_loads(run, tmp_path):
+    """A run written before loopscale.json: config.json held the run record, the safetensors
+    metadata only its format."""
+    old = tmp_path / "old"
+    shutil.copytree(run, old)
+    record = json.loads((old / "loopscale.json").read_text())
+    (old / "loopscale.json").unlink()
+    (old / "modeling_loopscale.py").unlink()
+    (old / "config.json").write_text(json.dumps({"config": record["config"], "data": record["data"]}))
+    lm, _, cfg = loopscale.load(run)
+    from safetensors.torch import save_file
+    save_file({k: v.contiguous() for k, v in lm.state_dict().items()}, str(old / WEIGHTS), metadata={"format": "pt"})
+    lm_old, tok, cfg_old = loopscale.load(old)
+    assert cfg_old == cfg
+    ids = torch.tensor([tok.encode(PROMPT).ids])
+    model = LoopscaleForCausalLM.from_pretrained(old)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids).logits, lm.logits(lm(ids)[-1]), rtol=0, atol=0)
+
+
+def test_save_pretrained_writes_a_run_loopscale_loads(run, tmp_path):
+    model = AutoModelForCausalLM.from_pretrained(run)
+    model.save_pretrained(tmp_path / "saved")
+    shutil.copy(run / "tokenizer.json", tmp_path / "saved" / "tokenizer.json")
+    lm, tok, _ = loopscale.load(tmp_path / "saved")
+    ids = torch.tensor([tok.encode(PROMPT).ids])
+    with torch.no_grad():
+        torch.testing.assert_close(lm.logits(lm(ids)[-1]), model(ids).logits, rtol=0, atol=0)
+
+
+@pytest.mark.slow  # two fresh Python processes importing transformers (tens of seconds on 2 cores)
+def test_remote_code_and_registration(run, tmp_path):
+    """In a fresh process: trust_remote_code=True loads the run's modeling_loopscale.py; after
+    `import loopscale` (before or after transformers) no remote code is needed; without either
+    transformers asks for trust_remote_code."""
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    code = f"""
+import sys
+import loopscale
+assert 'transformers' not in sys.modules and 'torch' not in sys.modules  # nothing heavy on import
+import torch
+from transformers import AutoModelForCausalLM
+lm, tok, _ = loopscale.load({str(run)!r})
+ids = torch.tensor([tok.encode("The Congress").ids])
+ref = lm.logits(lm(ids)[-1])
+for kw in ({{}}, {{"trust_remote_code": True}}):
+    m = AutoModelForCausalLM.from_pretrained({str(run)!r}, **kw)
+    assert torch.equal(m(ids).logits, ref), kw
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+    code = f"""
+from transformers import AutoModelForCausalLM
+m = AutoModelForCausalLM.from_pretrained({str(run)!r}, trust_remote_code=True)
+assert type(m).__name__ == "LoopscaleForCausalLM"
+try:
+    AutoModelForCausalLM.from_pretrained({str(run)!r})
+except ValueError as e:
+    assert "trust_remote_code" in str(e)
+print("ok")
+"""
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
