@@ -22,8 +22,9 @@ def test_paper_ouro_trains_data_parallel_under_slurm(repo):
                            for r in ("rmsnorm", "final_raw", "final_alpha", "per_loop_alpha"))
     assert all(j["resources"]["gpu"] == 4 for j in train)
     assert out.count("torchrun --standalone --nproc-per-node 4 -m loopscale.cli train") == 4
-    cfg = (repo / "runs/paper-ouro/1.4b/final_raw-terminal-none-inter_loop_norm/seed42/config.yaml").read_text()
-    assert "arch: ouro" in cfg and "d_ff: 5632" in cfg
+    from loopscale import pipeline as P
+    runs = P.build_experiment(P.load_params(repo / "params.yaml"), "paper-ouro").runs
+    assert {r.config.model.arch for r in runs} == {"ouro"} and {r.config.model.d_ff for r in runs} == {5632}
 
 
 @pytest.mark.slow

@@ -295,7 +295,7 @@ def is_hf_checkpoint(path: str | Path) -> bool:
         return False
     try:
         return json.loads(cfg.read_text()).get("model_type") == "ouro"
-    except (json.JSONDecodeError, OSError, AttributeError):
+    except (ValueError, OSError, AttributeError):  # not JSON, not UTF-8, not a mapping: not an Ouro config
         return False
 
 
