@@ -259,3 +259,38 @@ def test_lm_eval_hf_model_type_with_remote_code_equals_a_hand_computation(run, t
     hand = _hand(run)
     for m in ("acc", "acc_norm"):
         assert out["results"]["ls_mc"][f"{m},none"] == pytest.approx(hand[m])
+
+
+def test_registering_loopscale_keeps_lm_evals_own_model_types():
+    import subprocess
+    code = ("import loopscale.harness\nfrom lm_eval.api.registry import get_model\n"
+            "print(get_model('loopscale').__name__, get_model('hf').__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[0] == "LoopscaleLM" and len(out.stdout.split()) == 2
+
+
+def test_the_loopscale_model_type_runs_an_ouro_run(smoke_data, tasks, tmp_path):
+    """Appendix B's downstream protocol on the Ouro architecture: multiple choice through
+    lm-eval's `loopscale` model type on an Ouro run, acc/acc_norm and the per-choice
+    log-likelihoods equal a hand computation with loopscale.load, at K and at 6 steps."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    import loopscale.harness  # noqa: F401  (registers the model type)
+    out = tmp_path / "ouro"
+    train(preset("ouro-smoke", {"model": {"readout": "final_raw"}, "train": {"max_steps": 10, "device": "cpu"}}),
+          smoke_data, out, progress=False)
+    model, tok, cfg = loopscale.load(out)
+    assert cfg.model.arch == "ouro"
+    for loops in (None, 6):
+        args = f"run={out}" + (f",loops={loops}" if loops else "")
+        res = lm_eval.simple_evaluate(model="loopscale", model_args=args, tasks=["ls_mc"], log_samples=True,
+                                      task_manager=TaskManager(include_path=str(tasks)))
+        n = loops or cfg.model.n_loops
+        for s, q in zip(sorted(res["samples"]["ls_mc"], key=lambda s: s["doc_id"]), QUESTIONS):
+            got = [float(r[0][0]) for r in s["resps"]]
+            assert got == pytest.approx([_choice_ll(model, tok, q["question"], c, n) for c in q["choices"]], abs=1e-4)
+        hand = _hand(out, loops)
+        for m in ("acc", "acc_norm"):
+            assert res["results"]["ls_mc"][f"{m},none"] == pytest.approx(hand[m])

@@ -53,6 +53,9 @@ try:
     from lm_eval.api.model import LM
     from lm_eval.api.registry import register_model
     from lm_eval.utils import get_rolling_token_windows, make_disjoint_window
+    # lm-eval fills its model registry with its own types lazily, only while the registry is
+    # empty: load them first, or registering `loopscale` would hide `hf` and the others
+    import lm_eval.models  # noqa: F401
 except ImportError as e:  # the optional extra
     raise ImportError("loopscale.harness needs lm-evaluation-harness: pip install 'loopscale[lm-eval]' "
                       f"(lm-eval==0.4.13, pinned in requirements.lock) [{e}]") from None
