@@ -132,17 +132,6 @@ def _config_key(df: pd.DataFrame) -> pd.Series:
     return df.d_model.astype(str) + "/" + df.n_layers.astype(str) + "/" + df.lr.astype(str)
 
 
-def _resample_runs(df: pd.DataFrame, rng) -> pd.DataFrame:
-    """Whole runs drawn with replacement within each configuration (width, depth, lr)."""
-    parts = []
-    by_cfg = df.assign(_cfg=_config_key(df)).groupby("_cfg")
-    for _, g in by_cfg:
-        runs = g.run.unique()
-        for r in rng.choice(runs, len(runs)):
-            parts.append(g[g.run == r])
-    return pd.concat(parts).drop(columns="_cfg")
-
-
 @dataclass
 class Prediction:
     name: str
@@ -194,10 +183,21 @@ def fit_drift_law(records: pd.DataFrame, n_boot: int = BOOTSTRAP, seed: int = BO
     fits = {law: fit(records, law, factors) for law in LAWS}
     rng = np.random.default_rng(seed)
     boot: dict = {law: [] for law in LAWS}
+    # per run: its rows of each law's design matrix and its log norms; a resample stacks whole
+    # runs drawn with replacement within each configuration (width, depth, lr)
+    y_all = np.log(records["norm_K"].to_numpy(float))
+    X_all = {law: _design(records, law, factors) for law in LAWS}
+    cfg_key = _config_key(records).to_numpy()
+    run_ids = records["run"].to_numpy()
+    groups = []
+    for cfg in sorted(set(cfg_key)):
+        runs = list(dict.fromkeys(run_ids[cfg_key == cfg]))  # in order of appearance
+        groups.append([np.flatnonzero(run_ids == r) for r in runs])
     for _ in range(n_boot):
-        r = _resample_runs(records, rng)
+        rows = np.concatenate([g[i] for g in groups for i in rng.integers(0, len(g), len(g))])
         for law in LAWS:
-            boot[law].append(fit(r, law, factors))
+            coef, *_ = np.linalg.lstsq(X_all[law][rows], y_all[rows], rcond=None)
+            boot[law].append(LawFit(law, factors, coef, math.nan))
     scatter = {}
     for law_, f in fits.items():
         resid = np.log(records["norm_K"].to_numpy(float)) - _design(records, law_, factors) @ f.coef
