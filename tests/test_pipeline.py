@@ -731,7 +731,7 @@ def test_bad_params_fail_fast_and_leave_a_completed_run_byte_identical(smoke_loc
         (good.replace("  blind_spot:\n    - {readout: rmsnorm, loss: per_loop}\n",
                       "  blind_spot:\n    - {readout: rms, loss: per_loop}\n"),
          "params.yaml: condition_sets.blind_spot[0].readout: unknown value 'rms'; "
-         "choose one of " + ", ".join(R.READOUTS)),
+         "choose one of " + ", ".join(R.axis_values("readout"))),
     ]
     for text, message in cases:
         assert text != good
