@@ -82,15 +82,6 @@ from loopscale.hf import LoopscaleConfig, LoopscaleForCausalLM  # noqa: F401
 '''
 
 
-def sha256_file(path: str | Path) -> str:
-    """sha256 of a file, streamed (never the whole file in memory)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def config_fingerprint(config: dict) -> str:
     """sha256 of a run config dict as stored (key order free): what the artifact records."""
     return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()

@@ -66,6 +66,7 @@ import torch
 from tokenizers import Tokenizer
 
 from .artifacts import write_run_files
+from .data import _file_sha256  # streamed: never the whole checkpoint in memory
 from .config import ConfigError, RunConfig, merge, parse_overrides
 from .io import CheckpointError, atomic_torch_save, run_environment, run_lock
 from .model import LoopedLM
@@ -439,14 +440,6 @@ def _check_tokenizer(tok: Tokenizer, vocab_size: int) -> None:
 # ---------------------------------------------------------------------------
 # reading the checkpoint file
 # ---------------------------------------------------------------------------
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _check_size(path: Path) -> None:
     size = path.stat().st_size
     if size > MAX_CHECKPOINT_BYTES:
@@ -559,7 +552,7 @@ def convert_paper(checkpoint: str | Path, out_dir: str | Path, tokenizer_file: O
         official_config = json.loads(json.dumps(ckpt["config"], default=str))
     except (RecursionError, ValueError) as e:
         raise ConversionError(f"the checkpoint's config cannot be recorded ({type(e).__name__})") from None
-    record = {"checkpoint": str(src.resolve()), "sha256": _sha256_file(src), "official_config": official_config,
+    record = {"checkpoint": str(src.resolve()), "sha256": _file_sha256(src), "official_config": official_config,
               "settings": {"model": dict(model_set), "objective": dict(objective_set)}, "dropped": dropped}
     try:
         out.mkdir(parents=True, exist_ok=True)
