@@ -28,16 +28,18 @@ smoke: setup
 reproduce: setup
 	$(BIN)/snakemake --cores $(CORES) --config experiment=$(EXPERIMENT)
 
-# the confirmatory study (docs/studies.md): cpu_confirm + cpu_confirm_lr, then the drift law
+# the confirmatory study (docs/studies.md): cpu_confirm + cpu_confirm_lr + cpu_long_drift (the
+# drift law's held-out point: cpu_long's drifting model alone), then the drift law
 confirm: setup
 	$(BIN)/snakemake --cores $(CORES) --config experiment=cpu_confirm
 	$(BIN)/snakemake --cores $(CORES) --config experiment=cpu_confirm_lr
+	$(BIN)/snakemake --cores $(CORES) --config experiment=cpu_long_drift
 	$(MAKE) drift-law
 
 # the drift law across experiments, from the committed results/<exp>/train_norms.csv
 drift-law: setup
-	$(BIN)/loopscale report drift-law --results results/cpu_confirm results/cpu_confirm_lr results/cpu_long \
-		--holdout cpu_long --out results/drift_law
+	$(BIN)/loopscale report drift-law --results results/cpu_confirm results/cpu_confirm_lr results/cpu_long_drift \
+		--holdout cpu_long_drift --out results/drift_law
 
 test: setup
 	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
