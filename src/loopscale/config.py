@@ -392,19 +392,9 @@ def _expanded_size(node, memo: dict) -> int:
 
 def read_yaml(path: str | Path, what: str = "") -> Any:
     """The YAML document of a file; any problem is one ConfigError naming the file."""
+    from .io import read_text_file
     name = f"{what} {str(path)!r}" if what else str(path)
-    try:
-        raw = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise ConfigError(f"{name}: file not found") from None
-    except IsADirectoryError:
-        raise ConfigError(f"{name}: is a directory, not a file") from None
-    except OSError as e:
-        raise ConfigError(f"{name}: cannot be read ({e.strerror or type(e).__name__})") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ConfigError(f"{name}: not UTF-8 text (byte {e.start})") from None
+    text = read_text_file(path, name, ConfigError)
     try:
         return yaml.load(text, Loader=BoundedLoader)
     except yaml.YAMLError as e:

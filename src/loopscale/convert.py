@@ -409,23 +409,9 @@ def _tokenizer_from_json(text: str, what: str) -> Tokenizer:
 
 
 def read_tokenizer_file(path: str | Path) -> Tokenizer:
-    p = Path(path)
-    try:
-        size = p.stat().st_size
-        if not p.is_file():
-            raise ConversionError(f"--tokenizer {p}: not a file")
-        if size > MAX_TOKENIZER_BYTES:
-            raise ConversionError(f"--tokenizer {p}: {size:,} bytes, over the {MAX_TOKENIZER_BYTES:,} allowed")
-        raw = p.read_bytes()
-    except FileNotFoundError:
-        raise ConversionError(f"--tokenizer {p}: file not found") from None
-    except OSError as e:
-        raise ConversionError(f"--tokenizer {p}: cannot be read ({e.strerror or type(e).__name__})") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise ConversionError(f"--tokenizer {p}: not UTF-8 text (byte {e.start})") from None
-    return _tokenizer_from_json(text, f"--tokenizer {p}")
+    from .io import read_text_file
+    what = f"--tokenizer {Path(path)}"
+    return _tokenizer_from_json(read_text_file(path, what, ConversionError, MAX_TOKENIZER_BYTES), what)
 
 
 def _check_tokenizer(tok: Tokenizer, vocab_size: int) -> None:

@@ -20,6 +20,27 @@ class CheckpointError(RuntimeError):
     """A checkpoint is missing, truncated, corrupted or belongs to another model."""
 
 
+def read_text_file(path: str | os.PathLike, name: str, error: type[Exception] = ValueError,
+                   max_bytes: int | None = None) -> str:
+    """A UTF-8 text file's contents; any problem is one `error` whose message starts with
+    `name` (not found / a directory / too large / cannot be read / not UTF-8)."""
+    p = Path(path)
+    try:
+        if p.is_dir():
+            raise error(f"{name}: is a directory, not a file")
+        if max_bytes is not None and (size := p.stat().st_size) > max_bytes:
+            raise error(f"{name}: {size:,} bytes, over the {max_bytes:,} allowed")
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise error(f"{name}: file not found") from None
+    except OSError as e:
+        raise error(f"{name}: cannot be read ({e.strerror or type(e).__name__})") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise error(f"{name}: not UTF-8 text (byte {e.start})") from None
+
+
 def _new_file_mode() -> int:
     """The mode open() gives a new file: 0o666 minus the process umask (0o644 under 022)."""
     umask = os.umask(0)
