@@ -318,20 +318,26 @@ def _exit_readout_label(spec) -> str:
     return READOUTS[name].label if name in READOUTS else name
 
 
-def fig_frontier(groups: list[Group], path: Path) -> Path:
+def _frontier(groups: list[Group], path: Path, ppl_curve, exits_only: bool, title: str, xlabel: str,
+              ylabel: str) -> Path:
+    """PPL at depth k (from `ppl_curve`) against the evaluation throughput of k loops, a line
+    per condition, k = K_train starred; `exits_only` keeps k ≤ K_train and labels each k."""
     fig, axes, sizes = _panels(groups, overview=True)
     for ax, size in zip(axes, sizes):
         xs, ys, at_k = [], [], []
         for g in (g for g in groups if g.size == size):
-            kp, mp, _ = _k_mean(g, depth_curve, "ppl")
+            kp, mp, _ = _k_mean(g, ppl_curve, "ppl")
             kt, mt, _ = _k_mean(g, throughput_curve, "tokens_per_s")
             tp = dict(zip(kt, mt))
-            pts = [(tp[k], p, k) for k, p in zip(kp, mp) if k in tp]
+            pts = [(tp[k], p, k) for k, p in zip(kp, mp) if k in tp and (not exits_only or k <= size.n_loops)]
             if not pts:
                 continue
             ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colour(g.cond), ls=linestyle(g.cond),
                     marker=marker(g.cond), ms=4, lw=1.4)
             for x, y, k in pts:
+                if exits_only:
+                    ax.annotate(f"K={k}", (x, y), xytext=(4, -9), textcoords="offset points", fontsize=7,
+                                color=colour(g.cond))
                 if k == size.n_loops:
                     at_k.append(y)
                     ax.plot([x], [y], marker="*", color=colour(g.cond), ms=13, mec="k", mew=0.6)
@@ -342,11 +348,18 @@ def fig_frontier(groups: list[Group], path: Path) -> Path:
             _zoom(ax, at_k, ys)
         else:
             _empty(ax, "depth + throughput")
-        ax.set_title(f"Compute–quality frontier — {size.label}")
-        ax.set_xlabel("evaluation throughput (tokens/s; more loops → left)")
-        ax.set_ylabel("validation perplexity (final readout)")
+        ax.set_title(f"{title} — {size.label}")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
     _legend(fig, groups, [Line2D([], [], color="0.3", marker="*", ms=11, ls="", mec="k", label="k = K_train")])
     return _save(fig, path)
+
+
+def fig_frontier(groups: list[Group], path: Path) -> Path:
+    """Depth k = 1..3·K (truncated or extended loop, the final readout) against throughput."""
+    return _frontier(groups, path, depth_curve, False, "Compute–quality frontier",
+                     "evaluation throughput (tokens/s; more loops → left)",
+                     "validation perplexity (final readout)")
 
 
 def exit_ppl_curve(run: Run) -> Optional[list]:
@@ -359,36 +372,9 @@ def fig_frontier_exits(groups: list[Group], path: Path) -> Path:
     """The paper's compute-quality frontier (Table 5, Figure 4; official plot_pareto_compute_quality.py):
     depth k = 1..K read through exit k's readout (what a model stopped after k loops would
     emit), against the evaluation throughput of k loops."""
-    fig, axes, sizes = _panels(groups, overview=True)
-    for ax, size in zip(axes, sizes):
-        xs, ys, at_k = [], [], []
-        for g in (g for g in groups if g.size == size):
-            kp, mp, _ = _k_mean(g, exit_ppl_curve, "ppl")
-            kt, mt, _ = _k_mean(g, throughput_curve, "tokens_per_s")
-            tp = dict(zip(kt, mt))
-            pts = [(tp[k], p, k) for k, p in zip(kp, mp) if k in tp and k <= size.n_loops]
-            if not pts:
-                continue
-            ax.plot([p[0] for p in pts], [p[1] for p in pts], color=colour(g.cond), ls=linestyle(g.cond),
-                    marker=marker(g.cond), ms=4, lw=1.4)
-            for x, y, k in pts:
-                ax.annotate(f"K={k}", (x, y), xytext=(4, -9), textcoords="offset points", fontsize=7,
-                            color=colour(g.cond))
-                if k == size.n_loops:
-                    at_k.append(y)
-                    ax.plot([x], [y], marker="*", color=colour(g.cond), ms=13, mec="k", mew=0.6)
-            xs += [p[0] for p in pts]
-            ys += [p[1] for p in pts]
-        if xs:
-            _set_log(ax, "x", xs)
-            _zoom(ax, at_k, ys)
-        else:
-            _empty(ax, "depth + throughput")
-        ax.set_title(f"Compute–quality frontier, exit readouts — {size.label}")
-        ax.set_xlabel("evaluation throughput at depth k (tokens/s; more loops → left)")
-        ax.set_ylabel("validation perplexity of exit k (its own readout)")
-    _legend(fig, groups, [Line2D([], [], color="0.3", marker="*", ms=11, ls="", mec="k", label="k = K_train")])
-    return _save(fig, path)
+    return _frontier(groups, path, exit_ppl_curve, True, "Compute–quality frontier, exit readouts",
+                     "evaluation throughput at depth k (tokens/s; more loops → left)",
+                     "validation perplexity of exit k (its own readout)")
 
 
 def fig_radial_vs_norm(groups: list[Group], path: Path) -> Path:
