@@ -40,11 +40,29 @@ def run(smoke_data, tmp_path_factory):
     return out
 
 
+def write_mc_task(d):
+    """QUESTIONS as lm-eval's local multiple-choice task `ls_mc` in folder d (its --include_path)."""
+    (d / "mc.jsonl").write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    (d / "ls_mc.yaml").write_text(f"""task: ls_mc
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {d / 'mc.jsonl'}
+test_split: test
+output_type: multiple_choice
+doc_to_text: "{{{{question}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{label}}}}"
+metric_list:
+  - metric: acc
+  - metric: acc_norm
+""")
+
+
 @pytest.fixture(scope="module")
 def tasks(tmp_path_factory):
     d = tmp_path_factory.mktemp("tasks")
     (d / "text.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
-    (d / "mc.jsonl").write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
     (d / "ls_ppl.yaml").write_text(f"""task: ls_ppl
 dataset_path: json
 dataset_kwargs:
@@ -60,20 +78,7 @@ metric_list:
   - metric: byte_perplexity
   - metric: bits_per_byte
 """)
-    (d / "ls_mc.yaml").write_text(f"""task: ls_mc
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {d / 'mc.jsonl'}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{question}}}}"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: "{{{{label}}}}"
-metric_list:
-  - metric: acc
-  - metric: acc_norm
-""")
+    write_mc_task(d)
     return d
 
 
@@ -294,3 +299,41 @@ def test_the_loopscale_model_type_runs_an_ouro_run(smoke_data, tasks, tmp_path):
         hand = _hand(out, loops)
         for m in ("acc", "acc_norm"):
             assert res["results"]["ls_mc"][f"{m},none"] == pytest.approx(hand[m])
+
+
+@pytest.mark.parametrize("loops", [None, "2,6"])
+def test_ouro_downstream_writes_lm_evals_accuracy_and_the_per_token_norm(run, tasks, tmp_path, loops):
+    """`loopscale ouro-downstream` (the pipeline's downstream stage) on the local multiple-choice
+    task: one row per depth; acc and acc_norm (characters) equal the hand computation, and
+    acc_norm_token picks the choice with the highest log-likelihood per continuation token."""
+    from loopscale.cli import main
+    out = tmp_path / "downstream.json"
+    argv = ["ouro-downstream", "--run", str(run), "--tasks", "ls_mc", "--include-path", str(tasks),
+            "--per-token-norm", "--out", str(out)] + (["--loops", loops] if loops else [])
+    assert main(argv) == 0
+    res = json.loads(out.read_text())
+    model, tok, cfg = loopscale.load(run)
+    depths = [int(k) for k in loops.split(",")] if loops else [cfg.model.n_loops]
+    assert res["status"] == "ok" and [r["loops"] for r in res["rows"]] == depths
+    for row, k in zip(res["rows"], depths):
+        hand = _hand(run, k)
+        assert row["task"] == "ls_mc" and row["n"] == len(QUESTIONS)
+        assert row["acc"] == pytest.approx(hand["acc"]) and row["acc_norm"] == pytest.approx(hand["acc_norm"])
+        hits = []
+        for q in QUESTIONS:
+            ctx = tok.encode(q["question"], add_special_tokens=False).ids
+            per = []
+            for c in q["choices"]:
+                n = len(tok.encode(q["question"] + " " + c, add_special_tokens=False).ids) - len(ctx)
+                per.append(_choice_ll(model, tok, q["question"], c, k) / n)
+            hits.append(float(max(range(len(per)), key=per.__getitem__) == q["label"]))
+        assert row["acc_norm_token"] == pytest.approx(sum(hits) / len(hits))
+
+
+def test_ouro_downstream_bad_input_is_one_line(run, tasks, tmp_path, capsys):
+    from loopscale.cli import main
+    assert main(["ouro-downstream", "--run", str(run), "--tasks", "no_such_task", "--include-path", str(tasks),
+                 "--out", str(tmp_path / "d.json")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no_such_task" in err
+    assert not (tmp_path / "d.json").exists()

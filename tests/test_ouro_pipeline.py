@@ -27,17 +27,113 @@ def test_paper_ouro_trains_data_parallel_under_slurm(repo):
     assert {r.config.model.arch for r in runs} == {"ouro"} and {r.config.model.d_ff for r in runs} == {5632}
 
 
+def fineweb_params(repo):
+    """ouro-smoke on Appendix B's FineWeb path: a local parquet in FineWeb's schema and a tiny
+    word-level tokenizer (test_ouro_fineweb's helpers), WikiText from the repository's local
+    Salesforce/wikitext fixture as the second corpus, downstream on test_harness's local
+    multiple-choice task. Written as a params file beside params.yaml (--config params=...)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import yaml
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from test_harness import QUESTIONS, write_mc_task
+    from test_ouro_fineweb import WORDS, fineweb_rows
+    fw = repo / "fineweb"
+    (fw / "tok").mkdir(parents=True)
+    pq.write_table(pa.Table.from_pylist(fineweb_rows(60)), fw / "000_00000.parquet")
+    words = WORDS + sorted({w for q in QUESTIONS for t in [q["question"], *q["choices"]] for w in t.split()})
+    tok = Tokenizer(models.WordLevel({"<unk>": 0, **{w: i + 1 for i, w in enumerate(words)}}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.save(str(fw / "tok" / "tokenizer.json"))
+    write_mc_task(fw)
+    params = yaml.safe_load((repo / "params.yaml").read_text())
+    exp = params["experiments"]["ouro-smoke"]
+    exp["data"] = {"source": "fineweb", "pretrained_tokenizer": "fineweb/tok", "data_files": ["fineweb/000_00000.parquet"],
+                   "heldout_documents": 12, "eval_corpus": "wikitext-103",
+                   "hf_dataset": "tests/fixtures/official/corpus/hf"}
+    exp["stream"] = {"shuffle_buffer": 16, "warmup_steps": 2}
+    exp["downstream"] = {"tasks": ["ls_mc"], "loops": [2, 4], "include_path": str(fw), "per_token_norm": True}
+    (repo / "params-fineweb.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    return "params-fineweb.yaml"
+
+
 @pytest.mark.slow
-def test_ouro_smoke_end_to_end(repo):
-    smk(repo, "--cores", "2", "--config", "experiment=ouro-smoke")
+def test_ouro_smoke_end_to_end_on_fineweb(repo):
+    """ouro-smoke through every stage on the FineWeb path: prepare-data writes the held-out
+    documents and WikiText with the pretrained tokenizer, train-stream trains each readout on
+    the stream without them, ouro_depth evaluates K = 1..8 on both corpora, downstream runs
+    lm-eval, and appendix_b.csv holds both tables with the paper column "not reported"."""
+    params = fineweb_params(repo)
+    smk(repo, "--cores", "2", "--config", f"params={params}", "experiment=ouro-smoke")
+    meta = json.loads((repo / "data/ouro-smoke/meta.json").read_text())
+    assert meta["tokens"]["train"] == 0 and meta["tokens"]["validation"] > 0 and meta["eval_corpus"]["name"] == "wikitext-103"
+    assert json.loads((repo / "data/ouro-smoke/wikitext-103/meta.json").read_text())["tokens"]["validation"] > 0
     with open(repo / "results/ouro-smoke/main.csv") as f:
         rows = list(csv.DictReader(f))
     assert len(rows) == 3
     base = repo / "runs/ouro-smoke/ouro-smoke"
     for r in ("rmsnorm", "final_raw", "final_alpha"):
         run = base / f"{r}-terminal-none-inter_loop_norm/seed42"
-        assert json.loads((run / "summary.json").read_text())["status"] == "completed"
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["status"] == "completed" and summary["steps"] == 20
+        assert "stream_passes" in summary and (run / "stream.yaml").is_file()  # trained by train-stream
         radial = json.loads((run / "eval/radial.json").read_text())
         assert radial["status"] == "ok"
         assert radial["loops"][-1]["readout"] == {"rmsnorm": "rmsnorm", "final_raw": "raw", "final_alpha": "alpha"}[r]
-    assert (repo / "results/ouro-smoke/REPORT.md").is_file()
+        for corpus in ("fineweb", "wikitext-103"):
+            depth = json.loads((run / f"eval/ouro_depth-{corpus}.json").read_text())
+            assert depth["status"] == "ok" and [x["K"] for x in depth["rows"]] == list(range(1, 9))
+        down = json.loads((run / "eval/downstream.json").read_text())
+        assert [(x["task"], x["loops"]) for x in down["rows"]] == [("ls_mc", 2), ("ls_mc", 4)]
+        assert all(0 <= x["acc"] <= 1 and "acc_norm_token" in x for x in down["rows"])
+    with open(repo / "results/ouro-smoke/appendix_b.csv") as f:
+        table = list(csv.DictReader(f))
+    depth_rows = [t for t in table if t["table"] == "variable_depth"]
+    assert {t["data"] for t in depth_rows} == {"fineweb", "wikitext-103"} and len(depth_rows) == 3 * 2 * 8
+    assert {(t["data"], t["metric"]) for t in table if t["table"] == "downstream"} == \
+        {("ls_mc", m) for m in ("acc", "acc_norm", "acc_norm_token")}
+    assert {t["paper"] for t in table} == {"not reported"}
+    assert (repo / "results/ouro-smoke/REPORT.md").is_file() and (repo / "results/ouro-smoke/appendix_b.md").is_file()
+
+
+@pytest.mark.parametrize("edit, message", [
+    ({"data": {"heldout_documents": 0}}, r"data\.heldout_documents must be >= 2 with data\.source=fineweb"),
+    ({"data": {"eval_corpus": "wikitext-7"}}, r"data\.eval_corpus: unknown value 'wikitext-7'"),
+    ({"data": {"pretrained_tokenizer": None}}, r"data\.pretrained_tokenizer is required"),
+    ({"stream": {"tokenizer": "x"}}, r"unknown key 'experiments\.paper-ouro\.stream\.tokenizer'"),
+    ({"stream": {"warmup_steps": -1}}, r"experiments\.paper-ouro\.stream\.warmup_steps: -1 is less than"),
+    ({"downstream": {"loops": [4]}}, r"experiments\.paper-ouro\.downstream\.tasks: required key is missing"),
+    ({"downstream": {"tasks": ["piqa"], "limit": -2}}, r"downstream\.limit: -2 is less than the minimum"),
+    ({"downstream": {"tasks": ["pi qa"]}}, r"downstream\.tasks: task name 'pi qa' must match"),
+])
+def test_bad_fineweb_and_downstream_settings_are_one_line_errors(tmp_path, edit, message):
+    """The new keys of a FineWeb/Ouro experiment are checked before any job: one line naming the key."""
+    import re
+
+    import yaml
+
+    from loopscale import pipeline as P
+    from test_pipeline import REPO
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    exp = params["experiments"]["paper-ouro"]
+    for k, v in edit.items():
+        exp[k] = {**exp.get(k, {}), **v} if k == "data" else v
+    (tmp_path / "params.yaml").write_text(yaml.safe_dump(params))
+    with pytest.raises(P.ParamsError) as e:
+        P.load_and_validate(tmp_path / "params.yaml", REPO / "workflow/schemas/params.schema.yaml")
+    assert re.search(message, str(e.value)) and len(str(e.value).splitlines()) == 1, str(e.value)
+
+
+def test_other_experiments_configs_carry_no_fineweb_keys():
+    """The data.source=fineweb keys are left out of written configs at their defaults, so the
+    files of every other experiment (and so its runs) stay as they were."""
+    from loopscale import pipeline as P
+    from loopscale.config import FINEWEB_KEYS
+    from test_pipeline import REPO
+    params = P.load_params(REPO / "params.yaml")
+    run = P.build_experiment(params, "cpu").runs[0]
+    text = P.config_texts(run)[0]
+    assert not any(f"{k}:" in text for k in FINEWEB_KEYS)
+    ouro = P.build_experiment(params, "paper-ouro").runs[0]
+    assert "heldout_documents: 2000" in P.config_texts(ouro)[0] and ouro.stream["heldout_documents"] == 2000

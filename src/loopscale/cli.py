@@ -84,23 +84,19 @@ def cmd_data_stats(args) -> int:
     return 0
 
 
-def cmd_train(args) -> int:
+def train_or_record(cfg, args, fit):
+    """Run `fit()` under the trainers' failure policy: a crash is recorded in
+    OUT/summary.json as status "failed" with --record-failure (rank 0, exit 0); the user's
+    errors, a preemption to resume and the machine's errors (disk full, file-size limit,
+    read-only directory: the next attempt resumes) are never recorded. Returns the summary,
+    or None where the failure was recorded."""
     from .data import DataError
     from .distributed import env_world
     from .io import CheckpointError, RunLocked
-    from .train import Preempted, lost_peer, record_failure, train
-    cfg = config_from_args(args)
-    if args.stop_with_parent:
-        from .train import stop_with_parent
-        stop_with_parent()
-    if args.drop_stale_state:
-        from .pipeline import drop_stale_state
-        drop_stale_state(args.out, cfg)
+    from .train import Preempted, lost_peer, record_failure
     try:
-        summary = train(cfg, args.data, args.out, resume=not args.no_resume, progress=not args.quiet)
+        return fit()
     except (ConfigError, DataError, CheckpointError, RunLocked, Preempted, KeyboardInterrupt, OSError):
-        # the user's to fix, a preemption to resume, or the machine's (disk full, file-size
-        # limit, read-only directory: the next attempt resumes): never recorded as a result
         raise
     except Exception as e:
         if not args.record_failure:
@@ -113,8 +109,22 @@ def cmd_train(args) -> int:
         summary = record_failure(cfg, args.out, e)
         print(f"loopscale: run failed and was recorded as failed in {args.out}/summary.json: "
               f"{summary['error']}", file=sys.stderr)
-        return 0
-    if env_world()[0] == 0:
+        return None
+
+
+def cmd_train(args) -> int:
+    from .distributed import env_world
+    from .train import train
+    cfg = config_from_args(args)
+    if args.stop_with_parent:
+        from .train import stop_with_parent
+        stop_with_parent()
+    if args.drop_stale_state:
+        from .pipeline import drop_stale_state
+        drop_stale_state(args.out, cfg)
+    summary = train_or_record(cfg, args, lambda: train(cfg, args.data, args.out, resume=not args.no_resume,
+                                                       progress=not args.quiet))
+    if summary is not None and env_world()[0] == 0:
         print(json.dumps({k: summary[k] for k in ("status", "steps", "wall_time_s")}))
     return 0
 

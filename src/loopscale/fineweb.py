@@ -30,12 +30,11 @@ import dataclasses
 import json
 import logging
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
-
-import torch
 
 from .config import ConfigError, RunConfig, _build, merge, parse_overrides, resolve
 
@@ -56,11 +55,12 @@ class StreamConfig:
     warmup_steps: int = 333  # optimiser steps of linear warm-up from 0
     min_lr: float = 3e-5  # the cosine's floor (train.lr is its peak)
     pure_bf16: bool = False  # weights, gradients and AdamW state in bf16 (official), instead of fp32 master weights
+    heldout_documents: int = 0  # the first N documents of the unshuffled stream are never trained on (evaluation)
 
     @classmethod
     def from_dict(cls, d: dict) -> "StreamConfig":
         s = _build(cls, d, "stream")
-        for name in ("shuffle_buffer", "min_chars", "warmup_steps", "shuffle_seed"):
+        for name in ("shuffle_buffer", "min_chars", "warmup_steps", "shuffle_seed", "heldout_documents"):
             if getattr(s, name) < 0:
                 raise ConfigError(f"stream.{name} must be >= 0, got {getattr(s, name)!r}")
         if not (math.isfinite(s.min_lr) and s.min_lr >= 0):
@@ -68,6 +68,27 @@ class StreamConfig:
         if not all(isinstance(f, str) for f in s.data_files):
             raise ConfigError("stream.data_files must be a list of file paths")
         return s
+
+
+# the settings of StreamConfig that a pipeline experiment sets in its `stream:` block (the
+# training recipe); the corpus and the tokenizer come from its `data:` (source=fineweb)
+RECIPE_KEYS = ("shuffle_buffer", "warmup_steps", "min_lr", "pure_bf16")
+
+
+def stream_settings(data: dict, recipe: Optional[dict] = None, seed: int = 42) -> dict:
+    """The StreamConfig (as a dict, validated) of a pipeline run: corpus, tokenizer, filter and
+    held-out documents from its data settings (source=fineweb), the recipe from `recipe`, the
+    shuffle seeded by the run's seed (as the official trainer seeds it)."""
+    recipe = dict(recipe or {})
+    bad = sorted(set(recipe) - set(RECIPE_KEYS))
+    if bad:
+        raise ConfigError(f"unknown key 'stream.{bad[0]}'; choose one of {', '.join(RECIPE_KEYS)} (the corpus and "
+                          f"the tokenizer are data settings)")
+    d = {"dataset": data["stream_dataset"], "subset": data["stream_subset"], "data_files": list(data["data_files"]),
+         "tokenizer": data["pretrained_tokenizer"], "min_chars": data["min_chars"],
+         "heldout_documents": data["heldout_documents"], "shuffle_seed": int(seed), **recipe}
+    s = StreamConfig.from_dict(merge(dataclasses.asdict(StreamConfig()), d, "stream"))
+    return dataclasses.asdict(s)
 
 
 # ---------------------------------------------------------------------------
@@ -91,16 +112,36 @@ def load_tokenizer(spec: str):
                                 f"give it ({type(e).__name__}); download it or pass a local path") from None
 
 
-def open_documents(s: StreamConfig, rank: int = 0, world: int = 1) -> tuple[Iterable[dict], bool]:
-    """(the document stream of this rank, whether it is already sharded by rank)."""
+def _raw_documents(s: StreamConfig):
     from datasets import load_dataset
     if s.data_files:
         missing = [f for f in s.data_files if not Path(f).is_file()]
         if missing:
             raise FileNotFoundError(f"stream.data_files: {missing[0]} not found")
-        ds = load_dataset("parquet", data_files=list(s.data_files), split="train", streaming=True)
-    else:
-        ds = load_dataset(s.dataset, name=s.subset or None, split=s.split, streaming=True)
+        return load_dataset("parquet", data_files=list(s.data_files), split="train", streaming=True)
+    return load_dataset(s.dataset, name=s.subset or None, split=s.split, streaming=True)
+
+
+def head_documents(s: StreamConfig, n: int) -> list[str]:
+    """The texts of the first n documents of the stream in file order (before shuffling and
+    filtering): the held-out documents (`heldout_documents`)."""
+    import itertools
+    return [doc.get(s.text_key) or "" for doc in itertools.islice(_raw_documents(s), n)]
+
+
+def text_key(text: str) -> str:
+    import hashlib
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def open_documents(s: StreamConfig, rank: int = 0, world: int = 1) -> tuple[Iterable[dict], bool]:
+    """(the document stream of this rank, whether it is already sharded by rank). With
+    heldout_documents N, every document whose text is one of the first N documents' (held
+    out for evaluation) is left out, wherever the shuffle and the sharding put it."""
+    ds = _raw_documents(s)
+    if s.heldout_documents:
+        held = {text_key(t) for t in head_documents(s, s.heldout_documents)}
+        ds = ds.filter(lambda doc: text_key(doc.get(s.text_key) or "") not in held)
     if s.shuffle_buffer > 0:
         ds = ds.shuffle(seed=s.shuffle_seed, buffer_size=s.shuffle_buffer)
     if world > 1 and getattr(ds, "num_shards", 1) >= world:
@@ -161,6 +202,7 @@ class ChunkStream:
 
     def batch(self, n: int) -> torch.Tensor:
         """The next n chunks, [n, seq_len+1] (int64)."""
+        import torch
         return torch.tensor([self._next() for _ in range(n)], dtype=torch.long)
 
 
@@ -181,6 +223,8 @@ def train_stream(cfg: RunConfig, s: StreamConfig, out_dir: str | Path, *, val_da
     """Train `cfg` on the stream `s` for train.max_steps optimiser steps into `out_dir`:
     metrics.jsonl, state.pt (every train.ckpt_every steps: weights, optimiser, step, chunks
     consumed), model.pt (what `loopscale eval` reads) and summary.json."""
+    import torch
+
     from . import data as D
     from . import distributed as DD
     from .evaluate import exit_losses
@@ -197,6 +241,8 @@ def train_stream(cfg: RunConfig, s: StreamConfig, out_dir: str | Path, *, val_da
     dd = DD.setup(resolve_device(tc.device))
     device, main = dd.device, dd.is_main
     enable_tf32(device)
+    if tc.threads > 0:
+        torch.set_num_threads(tc.threads)
     per_rank = DD.micro_batch_size(tc.batch_size, dd.world, tc.grad_accum) * tc.grad_accum
     tok = load_tokenizer(s.tokenizer)
     if tok.get_vocab_size() > mc.vocab_size:
@@ -279,6 +325,13 @@ def train_stream(cfg: RunConfig, s: StreamConfig, out_dir: str | Path, *, val_da
             log.close()
     val = validate() if status == "completed" else None
     save(out / "model.pt", {"status": status})
+    if main:  # the artifact files (model.safetensors, the tokenizer, config.json): loopscale.load, lm-eval
+        from .artifacts import write_run_files
+        weights = {k: v.detach().float() for k, v in model.state_dict().items()}
+        plain = build_model(mc)
+        plain.load_state_dict(weights)
+        write_run_files(out, plain, {"config": cfg.to_dict(), "env": {}, "data": {}, "stream": record["stream"]},
+                        tok.to_str(pretty=True).encode("utf-8"))
     summary = {"status": status, "steps": step, "tokens": step * tc.batch_size * mc.seq_len,
                "chunks_consumed_per_rank": stream.consumed, "stream_passes": stream.passes,
                "validation": val, "wall_time_s": time.time() - t0, "world_size": dd.world}
@@ -296,12 +349,30 @@ def train_stream(cfg: RunConfig, s: StreamConfig, out_dir: str | Path, *, val_da
 # command line
 # ---------------------------------------------------------------------------
 def cmd_train_stream(args) -> int:
+    from .cli import train_or_record
+    from .distributed import env_world
+
     run_sets = [o for o in args.overrides if not o.startswith("stream.")]
     stream_sets = parse_overrides([o for o in args.overrides if o.startswith("stream.")]).get("stream", {})
     cfg = resolve(args.config, args.preset, run_sets)
-    s = StreamConfig.from_dict(merge(dataclasses.asdict(StreamConfig()), stream_sets, "stream"))
-    summary = train_stream(cfg, s, args.out, val_data=args.val_data, resume=not args.no_resume)
-    print(json.dumps({k: summary[k] for k in ("status", "steps", "tokens")}))
+    base = dataclasses.asdict(StreamConfig())
+    if args.stream_config:  # a file of stream settings (the pipeline's RUN/stream.yaml)
+        from .config import read_yaml
+        given = read_yaml(args.stream_config)
+        if not isinstance(given, dict):
+            raise ConfigError(f"{args.stream_config}: must hold a mapping of stream settings")
+        base = merge(base, given.get("stream", given), "stream")
+    s = StreamConfig.from_dict(merge(base, stream_sets, "stream"))
+    if args.stop_with_parent:
+        from .train import stop_with_parent
+        stop_with_parent()
+    if args.drop_stale_state:
+        from .pipeline import drop_stale_state
+        drop_stale_state(args.out, cfg)
+    summary = train_or_record(cfg, args, lambda: train_stream(cfg, s, args.out, val_data=args.val_data,
+                                                              resume=not args.no_resume))
+    if summary is not None and env_world()[0] == 0:
+        print(json.dumps({k: summary[k] for k in ("status", "steps", "tokens")}))
     return 0
 
 
@@ -311,7 +382,17 @@ def add_cli(subparsers) -> None:
     p.add_argument("--preset", help="start from this preset (e.g. ouro-1.4b)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a run setting (train.lr=...) or a stream setting (stream.tokenizer=DIR)")
+    p.add_argument("--stream-config", help="a YAML file of stream settings (below --set stream.*)")
     p.add_argument("--out", required=True, help="run directory")
-    p.add_argument("--val-data", help="a prepared data directory (same tokenizer) for validation")
+    p.add_argument("--val-data", "--data", dest="val_data",
+                   help="a prepared data directory (same tokenizer) for validation")
     p.add_argument("--no-resume", action="store_true", help="ignore an existing state.pt")
+    p.add_argument("--quiet", "-q", action="store_true", help="accepted for the pipeline (progress is logged)")
+    p.add_argument("--record-failure", action="store_true",
+                   help="on a crash, write summary.json with status 'failed' and exit 0 (pipeline use)")
+    p.add_argument("--drop-stale-state", action="store_true",
+                   help="delete a state.pt written with other training settings instead of refusing it (pipeline use)")
+    p.add_argument("--stop-with-parent", action="store_true",
+                   help="end (SIGTERM) when the parent process dies; a rerun resumes from the last state.pt "
+                        "(train.ckpt_every) (pipeline use)")
     p.set_defaults(func=cmd_train_stream)

@@ -4,6 +4,8 @@ and Appendix B's variable-depth and scale-sensitivity evaluations on any Ouro mo
   loopscale ouro-import DIR --out RUN     a Hugging Face Ouro checkpoint as a loopscale run
   loopscale ouro-depth  --model M --data DATA [--max-k 8]        PPL at K = 1..max-k
   loopscale ouro-scale  --model M --data DATA [--scales ...]     CE of r(c·H_K)
+  loopscale ouro-downstream --run RUN --tasks piqa,arc_easy,... [--loops 1,2,4,8] --out FILE
+                                          multiple choice through lm-eval (acc, acc_norm)
 
 M: a Hugging Face Ouro directory, a run directory or a model.pt (see docs/ouro.md).
 """
@@ -11,8 +13,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional
 
 import torch
+
+from .config import ConfigError
 
 from .ouro import from_pretrained, is_hf_checkpoint, scale_sensitivity, variable_depth
 
@@ -72,20 +77,131 @@ def eval_windows(data_dir: str | Path, seq_len: int, max_windows: int, split: st
     return torch.stack([torch.from_numpy(tokens[s:s + seq_len + 1].astype("int64")) for s in starts])
 
 
+def run_status(path: str | Path) -> str:
+    """The status a run's summary.json records (completed | diverged | failed), "completed" for a
+    model without one (a Hugging Face checkpoint, a bare model.pt)."""
+    p = Path(path)
+    summary = (p if p.is_dir() else p.parent) / "summary.json"
+    if not summary.is_file():
+        return "completed"
+    try:
+        return str(json.loads(summary.read_text()).get("status") or "completed")
+    except (json.JSONDecodeError, OSError, AttributeError):
+        return "completed"
+
+
 def _cmd(args, what: str) -> int:
     from .io import atomic_write_json
     from .runtime import resolve_device
+    status = run_status(args.model)
+    if status != "completed":  # a failed or diverged run: a result that says so (the grid completes)
+        result = {"evaluation": f"ouro-{what}", "model": str(args.model), "data": str(args.data),
+                  "status": status, "rows": []}
+        if args.out:
+            atomic_write_json(args.out, result)
+        print(json.dumps(result))
+        return 0
     device = resolve_device(args.device)
     model, cfg = open_model(args.model, device=str(device))
     seq = args.seq_len or cfg.model.seq_len
-    windows = eval_windows(args.data, seq, args.windows)
+    windows = eval_windows(args.data, seq, args.windows, args.split)
     if what == "depth":
         rows = variable_depth(model, windows, range(1, args.max_k + 1), args.batch_size)
     else:
         rows = scale_sensitivity(model, windows, args.scales, args.batch_size)
-    result = {"evaluation": f"ouro-{what}", "model": str(args.model), "data": str(args.data),
-              "readout": cfg.model.readout, "k_train": cfg.model.n_loops, "seq_len": seq,
+    result = {"evaluation": f"ouro-{what}", "model": str(args.model), "data": str(args.data), "status": "ok",
+              "split": args.split, "readout": cfg.model.readout, "k_train": cfg.model.n_loops, "seq_len": seq,
               "tokens": int(windows[:, 1:].numel()), "rows": rows}
+    if args.out:
+        atomic_write_json(args.out, result)
+    print(json.dumps(result))
+    return 0
+
+
+# ---------------------------------------------------------------------------
+# loopscale ouro-downstream: Appendix B's multiple choice through lm-evaluation-harness
+# ---------------------------------------------------------------------------
+def _gold(sample: dict) -> Optional[int]:
+    t = sample.get("target")
+    if isinstance(t, list) and len(t) == 1:
+        t = t[0]
+    try:
+        return int(t)
+    except (TypeError, ValueError):
+        return None
+
+
+def per_token_accuracy(samples: list[dict], encode_pair) -> Optional[float]:
+    """acc_norm with the official per-token normalisation: the choice whose log-likelihood per
+    continuation token (as the model type encodes the pair) is highest; None without samples."""
+    hits = []
+    for s in samples:
+        gold = _gold(s)
+        if gold is None:
+            return None
+        scores = []
+        for args, resp in zip(s["arguments"], s["resps"]):
+            n = max(1, len(encode_pair(args[0], args[1])[1]))
+            scores.append(float(resp[0][0]) / n)
+        hits.append(float(max(range(len(scores)), key=scores.__getitem__) == gold))
+    return sum(hits) / len(hits) if hits else None
+
+
+def downstream(run: str | Path, tasks: list[str], loops: Optional[list[int]] = None, limit: int = 0,
+               include_path: Optional[str] = None, per_token_norm: bool = False, batch_size: int = 8,
+               device: str = "cpu") -> dict:
+    """Multiple-choice accuracy of a run at each depth in `loops` (default: its K) through
+    lm-eval's `loopscale` model type: acc and acc_norm as lm-eval computes them (acc_norm: the
+    log-likelihood divided by the choice's characters), with their standard errors, and with
+    `per_token_norm` acc_norm_token (divided by its tokens, the official evaluator's rule)."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    from .harness import LoopscaleLM
+    lm = LoopscaleLM(run=str(run), device=device, batch_size=batch_size)
+    manager = TaskManager(include_path=str(include_path)) if include_path else TaskManager()
+    unknown = [t for t in tasks if t not in manager.all_tasks]
+    if unknown:
+        raise ConfigError(f"lm-eval knows no task {unknown[0]!r}"
+                          + (f" (include path {include_path})" if include_path else ""))
+    rows = []
+    for k in loops or [lm.cfg.model.n_loops]:
+        lm.loops = int(k)
+        out = lm_eval.simple_evaluate(model=lm, tasks=list(tasks), task_manager=manager, limit=limit or None,
+                                      log_samples=True, bootstrap_iters=1000)
+        for task in tasks:
+            r = out["results"].get(task, {})
+            row = {"task": task, "loops": int(k), "n": len((out.get("samples") or {}).get(task, [])) or None}
+            for m in ("acc", "acc_norm"):
+                row[m] = r.get(f"{m},none")
+                se = r.get(f"{m}_stderr,none")
+                row[f"{m}_stderr"] = se if isinstance(se, (int, float)) else None
+            if per_token_norm:
+                row["acc_norm_token"] = per_token_accuracy(out["samples"][task], lm.encode_pair)
+            rows.append(row)
+    return {"evaluation": "ouro-downstream", "run": str(run), "status": "ok", "tasks": list(tasks),
+            "limit": limit, "k_train": lm.cfg.model.n_loops, "readout": lm.cfg.model.readout, "rows": rows}
+
+
+def cmd_downstream(args) -> int:
+    from .io import atomic_write_json
+    tasks = [t for t in args.tasks.split(",") if t]
+    if not tasks:
+        raise ConfigError("--tasks: give one or more lm-eval task names, comma-separated")
+    try:
+        loops = [int(k) for k in args.loops.split(",") if k] if args.loops else None
+    except ValueError:
+        raise ConfigError(f"--loops must be comma-separated integers, got {args.loops!r}") from None
+    if loops and min(loops) < 1:
+        raise ConfigError(f"--loops must be >= 1, got {args.loops!r}")
+    if args.limit < 0:
+        raise ConfigError(f"--limit must be >= 0, got {args.limit}")
+    status = run_status(args.run)
+    if status != "completed":
+        result = {"evaluation": "ouro-downstream", "run": str(args.run), "status": status, "rows": []}
+    else:
+        result = downstream(args.run, tasks, loops, args.limit, args.include_path, args.per_token_norm,
+                            args.batch_size, args.device)
     if args.out:
         atomic_write_json(args.out, result)
     print(json.dumps(result))
@@ -99,6 +215,19 @@ def cmd_import(args) -> int:
 
 
 def add_cli(subparsers) -> None:
+    p = subparsers.add_parser("ouro-downstream", help="multiple-choice accuracy (acc, acc_norm) of a run through "
+                                                      "lm-evaluation-harness (Appendix B's downstream table)")
+    p.add_argument("--run", required=True, help="a run directory (or an imported Hugging Face Ouro checkpoint)")
+    p.add_argument("--tasks", required=True, help="lm-eval task names, comma-separated (piqa,arc_easy,...)")
+    p.add_argument("--loops", default="", help="depths to score at, comma-separated (default: the run's K)")
+    p.add_argument("--limit", type=int, default=0, help="documents per task (0: all)")
+    p.add_argument("--include-path", help="a folder of local lm-eval task YAML files")
+    p.add_argument("--per-token-norm", action="store_true",
+                   help="also acc_norm_token (log-likelihood per continuation token, the official evaluator)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--out", help="write the result JSON here")
+    p.set_defaults(func=cmd_downstream)
     p = subparsers.add_parser("ouro-import", help="a Hugging Face Ouro checkpoint (ByteDance/Ouro-1.4B, ...) as a "
                                                    "loopscale run directory")
     p.add_argument("checkpoint", help="the downloaded checkpoint directory (config.json, *.safetensors)")
@@ -113,7 +242,9 @@ def add_cli(subparsers) -> None:
         p.add_argument("--model", required=True, help="a Hugging Face Ouro directory, a run directory or model.pt")
         p.add_argument("--data", required=True, help="a prepared data directory tokenised with the model's tokenizer")
         p.add_argument("--seq-len", type=int, default=0, help="window length (default: the model's seq_len)")
-        p.add_argument("--windows", type=int, default=16, help="validation windows (0: all)")
+        p.add_argument("--windows", type=int, default=16, help="evaluation windows (0: all)")
+        p.add_argument("--split", default="validation", choices=("validation", "test"),
+                       help="the split of the data directory (default validation)")
         p.add_argument("--batch-size", type=int, default=2)
         p.add_argument("--device", default="auto")
         p.add_argument("--out", help="write the result JSON here")

@@ -111,6 +111,7 @@ class PlannedRun:
     seed: int
     config: RunConfig
     eval: EvalConfig
+    stream: Optional[dict] = None  # StreamConfig of a streamed (data.source=fineweb) run: RUN/stream.yaml
 
     @property
     def dir(self) -> str:
@@ -128,6 +129,29 @@ class Experiment:
     nodes_per_run: int = 1  # nodes those ranks span (SLURM; srun starts one torchrun per node)
     description: str = ""
     index: dict = field(default_factory=dict)  # (size, cond, seed) -> PlannedRun
+    downstream: Optional[dict] = None  # the experiment's `downstream:` (multiple choice through lm-eval)
+
+    @property
+    def streamed(self) -> bool:
+        """Training streams the corpus (data.source=fineweb: `loopscale train-stream`)."""
+        return self.data.get("source") == "fineweb"
+
+    @property
+    def ouro(self) -> bool:
+        """Every run is the Ouro architecture: Appendix B's evaluations and tables."""
+        return bool(self.runs) and all(r.config.model.arch == "ouro" for r in self.runs)
+
+    @property
+    def depth_corpora(self) -> dict[str, str]:
+        """{corpus name: prepared data directory} of the variable-depth evaluation (ouro-depth):
+        the held-out FineWeb documents and data.eval_corpus for a streamed experiment, else the
+        experiment's corpus."""
+        if not self.streamed:
+            return {self.data["source"]: self.data_dir}
+        out = {"fineweb": self.data_dir}
+        if self.data.get("eval_corpus"):
+            out[self.data["eval_corpus"]] = f"{self.data_dir}/{self.data['eval_corpus']}"
+        return out
 
     def run(self, size: str, cond: str, seed) -> PlannedRun:
         try:
@@ -157,15 +181,16 @@ class Experiment:
         """The command that starts `loopscale train` with its arguments appended: the plain
         CLI, torchrun on one node, or srun + torchrun with a c10d rendezvous on the first
         node of the SLURM allocation."""
+        command = "train-stream" if self.streamed else "train"
         if self.gpus_per_run == 1:
-            return "loopscale train"
+            return f"loopscale {command}"
         per_node = self.gpus_per_run // self.nodes_per_run
         if self.nodes_per_run == 1:
-            return f"torchrun --standalone --nproc-per-node {per_node} -m loopscale.cli train"
+            return f"torchrun --standalone --nproc-per-node {per_node} -m loopscale.cli {command}"
         return ('srun --ntasks-per-node=1 torchrun --nnodes "$SLURM_NNODES" '
                 f'--nproc-per-node {per_node} --rdzv-backend c10d --rdzv-id "$SLURM_JOB_ID" '
                 '--rdzv-endpoint "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1):29500" '
-                '-m loopscale.cli train')
+                f'-m loopscale.cli {command}')
 
 
 def run_dir(exp: str, size: str, cond: str, seed) -> str:
@@ -418,11 +443,47 @@ def build_experiment(params: dict, name: str) -> Experiment:
                     raise ParamsError(f"{where}.gpus_per_run: train.batch_size {rc.train.batch_size} of {swhere} "
                                       f"(the global batch) is not divisible by gpus_per_run x train.grad_accum "
                                       f"({gpus_per_run} x {rc.train.grad_accum})")
-                runs.append(PlannedRun(name, size, Condition.from_config(rc.to_dict()), int(seed), rc, ev))
+                stream = None
+                if rc.data.source == "fineweb":
+                    stream = _stream_settings(rc, exp.get("stream"), f"{where}.stream")
+                runs.append(PlannedRun(name, size, Condition.from_config(rc.to_dict()), int(seed), rc, ev, stream))
+    if exp.get("stream") is not None and (data or {}).get("source") != "fineweb":
+        raise ParamsError(f"{where}.stream: the streaming recipe needs data.source=fineweb")
+    downstream = _downstream(exp.get("downstream"), f"{where}.downstream")
     e = Experiment(name=name, runs=runs, data=data, diagnostics=diagnostics, gpu=int(exp.get("gpu", 0)),
-                   gpus_per_run=gpus_per_run, nodes_per_run=nodes_per_run, description=exp.get("description", ""))
+                   gpus_per_run=gpus_per_run, nodes_per_run=nodes_per_run, description=exp.get("description", ""),
+                   downstream=downstream)
+    if downstream is not None and not e.ouro:
+        raise ParamsError(f"{where}.downstream: Appendix B's downstream evaluation runs on Ouro experiments "
+                          f"(model.arch ouro)")
     e.index = {(r.size, r.condition.id, r.seed): r for r in runs}
     return e
+
+
+def _stream_settings(rc: RunConfig, recipe: Optional[dict], where: str) -> dict:
+    """A streamed run's StreamConfig dict (loopscale.fineweb.stream_settings), one-line errors."""
+    from .fineweb import stream_settings
+    try:
+        return stream_settings(rc.data.__dict__, recipe, rc.train.seed)
+    except ConfigError as e:
+        raise ParamsError(f"{where}: {e}") from None
+
+
+DOWNSTREAM_DEFAULTS = {"tasks": None, "loops": [], "limit": 0, "include_path": None, "per_token_norm": False,
+                       "batch_size": 8}
+
+
+def _downstream(spec: Optional[dict], where: str) -> Optional[dict]:
+    """The `downstream:` block with its defaults (the schema has checked the types)."""
+    if spec is None:
+        return None
+    d = {**DOWNSTREAM_DEFAULTS, **spec}
+    for t in d["tasks"]:
+        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", t):
+            raise ParamsError(f"{where}.tasks: task name {t!r} must match [A-Za-z0-9][A-Za-z0-9_.-]*")
+    if d["include_path"] is not None and not str(d["include_path"]).strip():
+        raise ParamsError(f"{where}.include_path: must be a folder of lm-eval task YAML files")
+    return d
 
 
 def _check_names(params: dict, source: str) -> None:
@@ -562,7 +623,16 @@ def config_texts(run: PlannedRun) -> tuple[str, str]:
     # the job's threads on the command line, so a changed thread count reruns nothing
     cfg = run.config.to_dict()
     cfg["train"]["threads"] = 0
+    cfg["data"] = compact_data(cfg["data"])
     return train + _dump(cfg), ev + _dump(run.eval.to_dict())
+
+
+def compact_data(data: dict) -> dict:
+    """Data settings without the data.source=fineweb keys that hold their defaults: the files
+    of every other experiment stay as they were before those keys existed (nothing reruns)."""
+    from .config import FINEWEB_KEYS, fineweb_defaults
+    defaults = fineweb_defaults()
+    return {k: v for k, v in data.items() if not (k in FINEWEB_KEYS and v == defaults[k])}
 
 
 def materialize(exp: Experiment, root: str | os.PathLike = ".", undo: Optional[list] = None) -> list[str]:
@@ -584,10 +654,15 @@ def materialize(exp: Experiment, root: str | os.PathLike = ".", undo: Optional[l
             if undo is not None:
                 undo.append((path, before, created))
     write(Path(exp.data_dir) / "config.yaml",
-          _HEADER.format(what=f"experiment {exp.name}, data settings") + _dump({"data": exp.data}))
+          _HEADER.format(what=f"experiment {exp.name}, data settings") + _dump({"data": compact_data(exp.data)}))
     for run in exp.runs:
         for name, t in zip(("config.yaml", "eval.yaml"), config_texts(run)):
             write(Path(run.dir) / name, t)
+        if run.stream is not None:
+            what = f"experiment {exp.name}, run {run.size}/{run.condition.id}/seed{run.seed}"
+            write(Path(run.dir) / "stream.yaml", _HEADER.format(
+                what=f"{what}: stream settings, input of `loopscale train-stream --stream-config`")
+                + _dump({"stream": run.stream}))
     return written
 
 

@@ -15,8 +15,10 @@
 # Job processes that parse this file again (cluster jobs) write nothing. A dry run
 # (`snakemake -n`) writes them too, so that it plans from them, and puts back every file
 # and mtime it changed when it exits: it leaves no run directory or config behind.
+import json
 import os
 import re
+import shlex
 import sys
 
 from loopscale import pipeline as P
@@ -42,9 +44,11 @@ try:
         else:
             P.materialize(EXP)
     # the code each stage runs (every module its entry module imports): an input of its jobs
-    DATA_CODE, TRAIN_CODE, EVAL_CODE, REPORT_CODE = (
-        P.stage_code(s, os.path.relpath(os.path.join(workflow.basedir, "src"))) for s in ("data", "train", "eval", "report")
-    )
+    SRC = os.path.relpath(os.path.join(workflow.basedir, "src"))
+    DATA_CODE, TRAIN_CODE, EVAL_CODE, REPORT_CODE = (P.stage_code(s, SRC) for s in ("data", "train", "eval", "report"))
+    if EXP.streamed:  # data.source=fineweb: the streaming trainer (loopscale train-stream)
+        TRAIN_CODE = P.module_files("loopscale.fineweb", SRC)
+    OURO_CODE = P.module_files("loopscale.ouro_tools", SRC)  # ouro-depth, ouro-downstream
 except (P.ParamsError, P.LockedError, ImportError) as e:
     sys.stderr.write(f"loopscale pipeline: error: {e}\n")
     sys.exit(1)
@@ -74,7 +78,15 @@ def run_files(name):
 
 
 def eval_files():
-    return [os.path.join(r.dir, "eval", f"{d}.json") for r in EXP.runs for d in EXP.diagnostics]
+    return [os.path.join(r.dir, "eval", f"{d}.json") for r in EXP.runs for d in EXP.diagnostics] + ouro_files()
+
+
+def ouro_files():
+    """Appendix B's evaluations of an Ouro experiment: variable depth on each corpus, downstream."""
+    if not EXP.ouro:
+        return []
+    names = [f"ouro_depth-{c}.json" for c in EXP.depth_corpora] + (["downstream.json"] if EXP.downstream else [])
+    return [os.path.join(r.dir, "eval", n) for r in EXP.runs for n in names]
 
 
 def run_dirs(wc):
@@ -99,3 +111,27 @@ def reported_table(table):
     claims = table == "claims"
     return report(f"results/{{exp}}/{table}.csv", caption=f"../report/{'claims' if claims else 'tables'}.rst",
                   category="Claims" if claims else "Tables", labels={"table": table})
+
+
+# --- Appendix B's evaluations of an Ouro experiment (eval.smk: ouro_depth, downstream) ---
+def ouro_depth_command(wc, input, output, threads):
+    run = run_of(wc)
+    seq = run.config.model.seq_len
+    windows = -(-run.eval.max_tokens // seq) if run.eval.max_tokens else 0
+    cmds = [f"loopscale ouro-depth --model {shlex.quote(input.model)} --data {shlex.quote(d)} --max-k 8"
+            f" --windows {windows} --batch-size {run.eval.batch_size} --out {shlex.quote(o)}"
+            for d, o in zip(EXP.depth_corpora.values(), output)]
+    return " && ".join(cmds)
+
+
+def downstream_args(wc):
+    d = EXP.downstream or {}
+    args = [f"--tasks {shlex.quote(','.join(d.get('tasks') or []))}", f"--limit {d.get('limit', 0)}",
+            f"--batch-size {d.get('batch_size', 8)}", f"--device {'cuda' if EXP.gpu else 'cpu'}"]
+    if d.get("loops"):
+        args.append(f"--loops {','.join(map(str, d['loops']))}")
+    if d.get("include_path"):
+        args.append(f"--include-path {shlex.quote(str(d['include_path']))}")
+    if d.get("per_token_norm"):
+        args.append("--per-token-norm")
+    return " ".join(args)

@@ -13,6 +13,8 @@ rule prepare_data:
         validation="data/{exp}/validation.bin",
         test="data/{exp}/test.bin",
         meta="data/{exp}/meta.json",
+        # data.source=fineweb: data.eval_corpus beside the held-out documents, the same tokenizer
+        eval_corpus=[f"data/{{exp}}/{EXP.data['eval_corpus']}/meta.json"] if EXP.streamed and EXP.data.get("eval_corpus") else [],
     log:
         "logs/{exp}/prepare_data.log",
     params:

@@ -32,3 +32,56 @@ rule eval:
     shell:
         "loopscale eval all --model {input.model:q} --data {params.data:q} --outdir {params.outdir:q}"
         " --only {params.only:q} --threads {threads} -q --eval-config {input.eval_config:q} > {log:q} 2>&1"
+
+
+# Appendix B's evaluations of an Ouro experiment (every run model.arch ouro), one job per run:
+# `loopscale ouro-depth` (PPL at K = 1..8, the final readout on step K) on each corpus of
+# Experiment.depth_corpora (held-out FineWeb and WikiText for a FineWeb experiment), and with a
+# `downstream:` block `loopscale ouro-downstream` (multiple choice through lm-eval). A failed or
+# diverged run gets result files with its status. Read by appendix_b.csv (report.smk).
+
+
+rule ouro_depth:
+    """Variable-depth PPL (K = 1..8) of one Ouro run on each evaluation corpus."""
+    input:
+        summary="runs/{exp}/{size}/{cond}/seed{seed}/summary.json",
+        model="runs/{exp}/{size}/{cond}/seed{seed}/model.pt",
+        eval_config="runs/{exp}/{size}/{cond}/seed{seed}/eval.yaml",
+        data=rules.prepare_data.output,
+        code=OURO_CODE,
+    output:
+        [f"runs/{{exp}}/{{size}}/{{cond}}/seed{{seed}}/eval/ouro_depth-{c}.json" for c in EXP.depth_corpora],
+    log:
+        "logs/{exp}/{size}/{cond}/seed{seed}/ouro_depth.log",
+    params:
+        cmd=ouro_depth_command,
+    threads: job_threads
+    resources:
+        gpu=EXP.gpu,
+    conda:
+        "../envs/loopscale.yaml"
+    shell:
+        "export OMP_NUM_THREADS={threads}; ( {params.cmd} ) > {log:q} 2>&1"
+
+
+rule downstream:
+    """Appendix B's downstream multiple choice (lm-eval, the loopscale model type) of one Ouro run."""
+    input:
+        summary="runs/{exp}/{size}/{cond}/seed{seed}/summary.json",
+        model="runs/{exp}/{size}/{cond}/seed{seed}/model.pt",
+        code=OURO_CODE,
+    output:
+        "runs/{exp}/{size}/{cond}/seed{seed}/eval/downstream.json",
+    log:
+        "logs/{exp}/{size}/{cond}/seed{seed}/downstream.log",
+    params:
+        run=lambda wc, input: os.path.dirname(input.model),
+        args=downstream_args,
+        tasks=lambda wc: json.dumps(EXP.downstream),  # a changed downstream block reruns the job
+    threads: job_threads
+    resources:
+        gpu=EXP.gpu,
+    conda:
+        "../envs/loopscale.yaml"
+    shell:
+        "export OMP_NUM_THREADS={threads}; loopscale ouro-downstream --run {params.run:q} {params.args} --out {output:q} > {log:q} 2>&1"

@@ -30,6 +30,8 @@ rule aggregate:
         per_seed="results/{exp}/per_seed.csv",
         train_norms="results/{exp}/train_norms.csv",  # the drift laws' training logs (loopscale report drift-law)
         metrics="results/{exp}/metrics.json",
+        # an Ouro experiment: Appendix B's tables (variable depth, downstream accuracy)
+        appendix_b=[reported_table("appendix_b"), "results/{exp}/appendix_b.md"] if EXP.ouro else [],
     log:
         "logs/{exp}/aggregate.log",
     params:

@@ -27,6 +27,10 @@
 # SLURM profiles) and the retry resumes from state.pt. A crash is a result (status
 # failed), not retried.
 #
+# An experiment whose data.source is fineweb (Appendix B's recipe) trains with `loopscale
+# train-stream` instead: the corpus streamed (the held-out documents left out), RUN/stream.yaml
+# its stream settings, the data directory its validation split and tokenizer.
+#
 # An experiment with gpus_per_run > 1 trains through torchrun (one rank per GPU; srun starts
 # one torchrun per node when nodes_per_run > 1): Experiment.train_launcher/train_resources.
 
@@ -37,6 +41,8 @@ rule train:
         config="runs/{exp}/{size}/{cond}/seed{seed}/config.yaml",
         data=rules.prepare_data.output,
         code=TRAIN_CODE,
+        # a streamed run (data.source=fineweb): its stream settings, loopscale train-stream --stream-config
+        stream=["runs/{exp}/{size}/{cond}/seed{seed}/stream.yaml"] if EXP.streamed else [],
     output:
         summary="runs/{exp}/{size}/{cond}/seed{seed}/summary.json",
         model="runs/{exp}/{size}/{cond}/seed{seed}/model.pt",
@@ -47,12 +53,13 @@ rule train:
         data=data_dir_of,
         launch=EXP.train_launcher,
         ranks=ranks_per_node(),
+        stream=lambda wc, input: f"--stream-config {shlex.quote(input.stream[0])} " if input.stream else "",
     threads: train_threads
     resources:
         **EXP.train_resources,
     conda:
         "../envs/loopscale.yaml"
     shell:
-        "exec {params.launch} --config {input.config:q} --data {params.data:q} --out {params.run:q}"
+        "exec {params.launch} --config {input.config:q} {params.stream}--data {params.data:q} --out {params.run:q}"
         " --set train.threads=$(( {threads} / {params.ranks} ))"
         " -q --record-failure --drop-stale-state --stop-with-parent > {log:q} 2>&1"

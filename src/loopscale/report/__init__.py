@@ -6,7 +6,8 @@ Command line (registered in `loopscale.cli` through `add_cli`):
       writes <out>/{main,depth,norms,radial,lemma,clamp,scale,halting,halting_paper,story,drift,runs,
       claims}.{csv,md}
       and <out>/norm_loops.csv, <out>/train_norms.csv, <out>/per_seed.csv (tidy: one row per run × exit k),
-      <out>/metrics.json (headline numbers per condition, for DVC)
+      <out>/metrics.json (headline numbers per condition, for DVC); for Ouro runs also
+      <out>/appendix_b.{csv,md} (Appendix B: variable depth K = 1..8, downstream accuracy)
   loopscale report figures --runs RUN_DIR [RUN_DIR ...] --out results/<exp>/figures
       writes <out>/{norm_per_loop,norm_training,ppl_depth,frontier,frontier_exits,radial_vs_norm,
       norm_histogram,lemma,scale,exit_training,drift,story_quadrant}.{png,pdf} (every file is always written; a
@@ -25,7 +26,7 @@ runs give the same bytes.
 
 Modules: runs (reading a run directory), aggregate (tables), figures, claims (the paper's
 claims with verdict rules and thresholds), drift (the drift law of ‖H_K‖ over training
-steps), tidy (per_seed.csv), paper (the paper's numbers), write (REPORT.md),
+steps), tidy (per_seed.csv), appendix_b (Appendix B's tables), paper (the paper's numbers), write (REPORT.md),
 metrics (metrics.json).
 """
 

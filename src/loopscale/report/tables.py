@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from .appendix_b import appendix_b_table, is_ouro
 from .aggregate import (Table, clamp_table, depth_table, group_runs, halting_table, lemma_table, main_table,
                         norms_table, radial_table, runs_table, scale_table)
 from .drift import drift_table
@@ -22,7 +23,8 @@ def build_tables(runs: list[Run], root: Optional[Path] = None) -> list[Table]:
     return [main_table(groups), depth_table(groups), norms, radial_table(groups), lemma_table(groups),
             clamp_table(groups), scale_table(groups), halting_table(groups), halting_paper_table(groups),
             story_table(groups), drift_table(groups), runs_table(runs, root)] + \
-        [norm_loops_t, per_seed_table(runs, root), train_norms_table(runs)]
+        [norm_loops_t, per_seed_table(runs, root), train_norms_table(runs)] + \
+        ([appendix_b_table(runs)] if is_ouro(runs) else [])  # an Ouro experiment: Appendix B's tables
 
 
 def train_norms_table(runs: list[Run]) -> Table:

@@ -1,0 +1,54 @@
+"""Appendix B's report table (report/appendix_b.py) on synthetic inputs: means and stds over
+seeds per readout variant, corpus and depth, downstream accuracy per task, and the paper's
+column "not reported" in every cell (the project holds none of Appendix B's numbers)."""
+import json
+import math
+
+import pytest
+
+from loopscale.report.appendix_b import PAPER, appendix_b_frame, appendix_b_markdown, appendix_b_table
+from loopscale.report.runs import load_runs
+
+
+def entry(cond, seed, ppl, acc=None):
+    e = {"size": "tiny", "condition": cond, "readout": cond, "seed": seed,
+         "depth": {"fineweb": [{"K": k, "ppl": p} for k, p in enumerate(ppl, 1)]}}
+    if acc is not None:
+        e["downstream"] = [{"task": "piqa", "loops": 4, "acc": acc[0], "acc_norm": acc[1]}]
+    return e
+
+
+def test_means_and_stds_over_seeds_and_the_paper_column():
+    df = appendix_b_frame([entry("rmsnorm", 1, [10.0, 8.0], (0.5, 0.6)), entry("rmsnorm", 2, [12.0, 6.0], (0.7, 0.6)),
+                           entry("final_raw", 1, [9.0, float("nan")])])
+    d = df[df.table == "variable_depth"].set_index(["condition", "K"])
+    assert d.loc[("rmsnorm", 1), "mean"] == 11.0 and d.loc[("rmsnorm", 1), "std"] == pytest.approx(math.sqrt(2))
+    assert d.loc[("rmsnorm", 2), "mean"] == 7.0 and d.loc[("rmsnorm", 2), "n_seeds"] == 2
+    assert d.loc[("final_raw", 1), "n_seeds"] == 1 and math.isnan(d.loc[("final_raw", 1), "std"])
+    assert d.loc[("final_raw", 2), "n_seeds"] == 0  # a non-finite PPL is no value
+    down = df[df.table == "downstream"].set_index("metric")
+    assert down.loc["acc", "mean"] == pytest.approx(0.6) and down.loc["acc_norm", "std"] == 0
+    assert set(df.paper) == {PAPER}
+    md = appendix_b_markdown(df)
+    assert "| rmsnorm | 11.00 ± 1.41 | 7.00 ± 1.41 | 2 | not reported |" in md
+    assert "piqa acc" in md and "60.0%" in md and md.count(PAPER) >= 3
+
+
+def test_no_results_says_so():
+    assert appendix_b_frame([]).empty
+    assert "No Appendix-B results" in appendix_b_markdown(appendix_b_frame([]))
+
+
+def test_reads_run_directories_and_skips_failed_results(tmp_path):
+    for seed, status in ((1, "completed"), (2, "completed"), (3, "failed")):
+        run = tmp_path / f"seed{seed}"
+        (run / "eval").mkdir(parents=True)
+        cfg = {"model": {"arch": "ouro", "readout": "final_raw", "n_loops": 4, "d_model": 8, "n_layers": 1},
+               "objective": {"loss": "terminal"}, "train": {"seed": seed}}
+        (run / "config.json").write_text(json.dumps({"config": cfg}))
+        (run / "summary.json").write_text(json.dumps({"status": status, "steps": 1}))
+        rows = [{"K": 1, "ppl": 10.0 * seed}] if status == "completed" else []
+        (run / "eval/ouro_depth-wikitext-103.json").write_text(json.dumps({"status": "ok" if rows else status,
+                                                                          "rows": rows}))
+    df = appendix_b_table(load_runs(sorted(tmp_path.iterdir()))).df
+    assert list(df.data) == ["wikitext-103"] and df["mean"][0] == 15.0 and df.n_seeds[0] == 2
