@@ -97,5 +97,24 @@ def test_cli_writes_the_report_and_refuses_bad_input_in_one_line(tmp_path):
     assert list(table.kind) == ["held-out", "paper", "paper"]
     assert (table[table.kind == "paper"].step.tolist() == [paper_steps(), paper_steps(batch_size=32)])
     assert (out / "drift_law.png").stat().st_size > 1000
+    assert "Per configuration" in md and len(pd.read_csv(out / "drift_law_configs.csv")) == len(STUDY) + 1
     bad = subprocess.run(cmd[:6] + [str(tmp_path / "missing"), "--out", str(out)], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "train_norms.csv: no such file" in bad.stderr
+
+
+def test_per_configuration_table_shows_where_the_shared_exponent_fails():
+    # one width's norm stops growing (exponent 0) while the others follow t^0.45: its own
+    # exponent and its measured / law ratio say so; the conforming configurations sit near 1
+    def bent(t, d, L, lr):
+        return law(t if d != 256 else 300, d, L, lr)
+    rec = DL.fit_records(logs(STUDY, fn=bent))
+    cfg = DL.per_configuration(DL.fit_drift_law(rec, n_boot=10)).set_index(["d_model", "n_layers", "lr"])
+    assert len(cfg) == len(STUDY) and (cfg.runs == 2).all() and (cfg.step == 1500).all()
+    flat = cfg.loc[(256, 2, 1e-3)]
+    assert abs(flat.own_time_exponent) < 0.05
+    assert cfg.drop(index=(256, 2, 1e-3)).own_time_exponent.between(0.4, 0.5).all()
+    assert flat.power_ratio < 0.8  # the shared exponent over-predicts the flat one at its last step
+    good = DL.per_configuration(DL.fit_drift_law(DL.fit_records(logs(STUDY)), n_boot=10))
+    assert good.own_time_exponent.between(0.4, 0.5).all() and good.power_ratio.between(0.9, 1.1).all()
+    assert good.measured.to_numpy() == pytest.approx(
+        [law(1500, d, L, lr) for d, L, lr in good[["d_model", "n_layers", "lr"]].to_numpy()], rel=0.1)

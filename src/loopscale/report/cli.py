@@ -76,7 +76,7 @@ def cmd_drift_law(args) -> int:
     except DriftLawError as e:
         print(f"loopscale report drift-law: {e}", file=sys.stderr)
         return 2
-    print(f"loopscale report drift-law: {len(args.results)} experiment(s) -> {args.out}/drift_law.{{md,csv,png}}")
+    print(f"loopscale report drift-law: {len(args.results)} experiment(s) -> {args.out}/drift_law.{{md,csv,png}}, drift_law_configs.csv")
     return 0
 
 
