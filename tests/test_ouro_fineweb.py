@@ -294,3 +294,63 @@ def test_train_stream_sent_sigterm_exits_143_and_resumes_to_the_same_run(corpus,
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1])["steps"] == steps
     same_training(tmp_path / "full", run)
+
+
+def ouro_like_tokenizer(path):
+    """A byte-level BPE with the Ouro tokenizer's first special tokens at its ids 0..3
+    (<|endoftext|>, <|im_start|>, <|im_end|>, <repo_name>) and no unknown token."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator([" ".join(WORDS)] * 4, trainer=trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<repo_name>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    path.mkdir(parents=True)
+    tok.save(str(path / "tokenizer.json"))
+    return tok
+
+
+def test_meta_json_records_the_pretrained_tokenizers_own_special_tokens(corpus, tmp_path):
+    """prepare-data with data.pretrained_tokenizer: meta.json's special_tokens are that
+    tokenizer's (not loopscale's <pad> <bos> <eos> <unk> at 0..3), and the <unk> statistics
+    count its own unknown token: none for a byte-level BPE, even where id 3 (here <repo_name>)
+    occurs; the word-level test tokenizer's <unk> at id 0."""
+    from loopscale import data as D
+    from loopscale.config import DataConfig
+    root, rows, _ = corpus
+    ouro_like_tokenizer(tmp_path / "ouro")
+    docs = [{**r, "text": r["text"] + " <repo_name> zz9"} if i % 2 == 0 else r for i, r in enumerate(rows)]
+    pq.write_table(pa.Table.from_pylist(docs), tmp_path / "fw.parquet")
+    for tok_dir, specials, unk in ((tmp_path / "ouro", {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2,
+                                                        "<repo_name>": 3}, None),
+                                   (root / "tok", {"<unk>": 0}, 0)):
+        cfg = DataConfig(source="fineweb", pretrained_tokenizer=str(tok_dir), data_files=[str(tmp_path / "fw.parquet")],
+                         heldout_documents=10)
+        out = tmp_path / "data" / tok_dir.name
+        meta = D.prepare_data(cfg, out, show_progress=False)
+        assert meta["special_tokens"] == specials
+        assert json.loads((out / "meta.json").read_text())["special_tokens"] == specials
+        for split in ("validation", "test"):
+            ids = D.load_split(out, split)
+            assert meta["stats"][split]["unk"] == (0 if unk is None else int((ids == unk).sum()))
+            if unk is None:
+                assert (ids == 3).sum() > 0  # <repo_name> is there, and is no unknown token
+            else:
+                assert meta["stats"][split]["unk"] > 0  # zz9 is outside the word-level vocabulary
+
+
+def test_a_streamed_runs_hugging_face_config_names_its_tokenizers_own_token_ids(corpus, tmp_path, smoke_data):
+    """config.json of a run trained with the Ouro-like tokenizer gives eos_token_id 0 (its
+    <|endoftext|>) and no bos/pad id (it has no such token), not loopscale's 1, 2, 0 (there
+    <|im_start|>, <|im_end|>, <|endoftext|>); a run of loopscale's own tokenizer keeps 1, 2, 0."""
+    from tokenizers import Tokenizer
+
+    from loopscale.artifacts import role_token_ids
+    root, _, _ = corpus
+    ouro_like_tokenizer(tmp_path / "ouro")
+    FW.train_stream(run_cfg(max_steps=1), settings(root, tokenizer=str(tmp_path / "ouro")), tmp_path / "run")
+    hf = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert (hf["bos_token_id"], hf["eos_token_id"], hf["pad_token_id"]) == (None, 0, None)
+    assert json.loads((tmp_path / "run" / "tokenizer_config.json").read_text())["eos_token"] == "<|endoftext|>"
+    own = Tokenizer.from_file(str(smoke_data / "tokenizer.json"))
+    assert role_token_ids(own) == {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
