@@ -39,16 +39,45 @@ def test_no_results_says_so():
     assert "No Appendix-B results" in appendix_b_markdown(appendix_b_frame([]))
 
 
-def test_reads_run_directories_and_skips_failed_results(tmp_path):
+def write_runs(root, arch="ouro"):
+    """Three run directories of one condition (seeds 1, 2 completed, 3 failed), each with a
+    variable-depth result on WikiText-103."""
     for seed, status in ((1, "completed"), (2, "completed"), (3, "failed")):
-        run = tmp_path / f"seed{seed}"
+        run = root / f"seed{seed}"
         (run / "eval").mkdir(parents=True)
-        cfg = {"model": {"arch": "ouro", "readout": "final_raw", "n_loops": 4, "d_model": 8, "n_layers": 1},
+        cfg = {"model": {"arch": arch, "readout": "final_raw", "n_loops": 4, "d_model": 8, "n_layers": 1},
                "objective": {"loss": "terminal"}, "train": {"seed": seed}}
         (run / "config.json").write_text(json.dumps({"config": cfg}))
         (run / "summary.json").write_text(json.dumps({"status": status, "steps": 1}))
         rows = [{"K": 1, "ppl": 10.0 * seed}] if status == "completed" else []
         (run / "eval/ouro_depth-wikitext-103.json").write_text(json.dumps({"status": "ok" if rows else status,
                                                                           "rows": rows}))
-    df = appendix_b_table(load_runs(sorted(tmp_path.iterdir()))).df
+    return sorted(root.iterdir())
+
+
+def test_reads_run_directories_and_skips_failed_results(tmp_path):
+    df = appendix_b_table(load_runs(write_runs(tmp_path))).df
     assert list(df.data) == ["wikitext-103"] and df["mean"][0] == 15.0 and df.n_seeds[0] == 2
+
+
+@pytest.mark.parametrize("arch", ["ouro", "looped"])
+def test_report_links_appendix_b_md_of_an_ouro_experiment(tmp_path, arch):
+    """REPORT.md of an Ouro experiment links appendix_b.md and appendix_b.csv (relative to the
+    report) and keeps Appendix B's sub-tables under its heading inside "## Tables"; a report
+    of other runs has neither."""
+    from loopscale.report.write import report_markdown
+    runs = load_runs(write_runs(tmp_path / "runs", arch))
+    text = report_markdown(runs, tmp_path / "results", tmp_path / "results" / "REPORT.md", "ouro-smoke")
+    link = "[appendix_b.md](appendix_b.md), [appendix_b.csv](appendix_b.csv)"
+    headings = [l for l in text.splitlines() if l.startswith("#")]
+    if arch == "looped":
+        assert "appendix_b.md" not in text and "Appendix B" not in text
+        return
+    assert text.count(link) == 1
+    at = headings.index("### Appendix B: the Ouro track (variable depth, downstream accuracy)")
+    assert headings[at - 1] == "## Tables" or headings[at - 1].startswith("### ")
+    assert headings[at + 1] == "#### Variable depth: perplexity on wikitext-103, 0k (d8, 1L, K=4)"
+    assert all(not h.startswith("## ") for h in headings[headings.index("## Tables") + 1:])
+    # from a report written elsewhere, the links still point at the results directory
+    other = report_markdown(runs, tmp_path / "results", tmp_path / "elsewhere" / "REPORT.md", "ouro-smoke")
+    assert "[appendix_b.md](../results/appendix_b.md)" in other

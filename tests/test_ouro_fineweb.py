@@ -180,3 +180,177 @@ def test_two_ranks_stream_the_same_global_batches_as_one(corpus, tmp_path):
     assert b["consumed"] == [6, 6] and a["consumed"] == [12]
     for k in a["model"]:
         torch.testing.assert_close(a["model"][k], b["model"][k], rtol=1e-4, atol=1e-5)
+
+
+def metrics(run):
+    return [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def same_training(a, b):
+    """The same weights bit for bit, and the same logged losses and learning rates."""
+    wa, wb = IO.load_checkpoint(a / "model.pt")["model"], IO.load_checkpoint(b / "model.pt")["model"]
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    key = lambda r: (r["step"], r.get("lr"), r.get("loss"), r.get("ce"))  # noqa: E731
+    assert [key(r) for r in metrics(a)] == [key(r) for r in metrics(b)]
+
+
+def test_sigterm_checkpoints_a_streamed_run_that_then_resumes_exactly(corpus, tmp_path, monkeypatch):
+    """SIGTERM during step 3 (as SLURM sends it before a time limit): the step finishes, state.pt
+    holds step 3 and the 12 chunks consumed, train.Preempted is raised, no model.pt; the rerun
+    continues from there to the uninterrupted run's weights and log, dropout included (its RNG
+    state is in state.pt)."""
+    import os
+    import signal
+
+    from loopscale import train as T
+    root, _, _ = corpus
+    s = settings(root)
+    cfg = lambda: preset("ouro-smoke", {"model": {"seq_len": 16, "dropout": 0.2},  # noqa: E731
+                                        "train": {"batch_size": 4, "max_steps": 6, "ckpt_every": 100,
+                                                  "log_every": 1, "lr": 3e-3}})
+    FW.train_stream(cfg(), s, tmp_path / "full")
+    real, calls = T.train_step, [0]
+
+    def terminated_in_step_3(*a, **kw):
+        calls[0] += 1
+        if calls[0] == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real(*a, **kw)
+    monkeypatch.setattr(T, "train_step", terminated_in_step_3)
+    with pytest.raises(T.Preempted, match=r"SIGTERM at step 3/6: state saved to .*state\.pt"):
+        FW.train_stream(cfg(), s, tmp_path / "cut")
+    monkeypatch.setattr(T, "train_step", real)
+    assert signal.getsignal(signal.SIGTERM) is not None and calls[0] == 3  # handler restored, stopped at once
+    state = IO.load_checkpoint(tmp_path / "cut" / "state.pt")
+    assert state["step"] == 3 and state["consumed"] == [12] and "optimizer" in state and state["rng_ranks"]
+    assert not (tmp_path / "cut" / "model.pt").exists() and [r["step"] for r in metrics(tmp_path / "cut")] == [1, 2, 3]
+    resumed = FW.train_stream(cfg(), s, tmp_path / "cut")
+    assert resumed["status"] == "completed" and resumed["steps"] == 6 and resumed["chunks_consumed_per_rank"] == 24
+    same_training(tmp_path / "full", tmp_path / "cut")
+    assert not (tmp_path / "cut" / "state.pt").exists()
+
+
+def test_a_crash_between_checkpoints_resumes_without_duplicate_log_records(corpus, tmp_path, monkeypatch):
+    """A run killed after step 3 of a ckpt_every=2 run resumes from step 2: the records of step
+    3 written before the kill are dropped and written again, once."""
+    from loopscale import train as T
+    root, _, _ = corpus
+    s = settings(root)
+    cfg = lambda: run_cfg(max_steps=5, ckpt_every=2)  # noqa: E731
+    FW.train_stream(cfg(), s, tmp_path / "full")
+    real, calls = T.train_step, [0]
+
+    def killed_after_step_3(*a, **kw):
+        calls[0] += 1
+        if calls[0] == 4:
+            raise KeyboardInterrupt
+        return real(*a, **kw)
+    monkeypatch.setattr(T, "train_step", killed_after_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        FW.train_stream(cfg(), s, tmp_path / "cut")
+    monkeypatch.setattr(T, "train_step", real)
+    assert IO.load_checkpoint(tmp_path / "cut" / "state.pt")["step"] == 2
+    assert [r["step"] for r in metrics(tmp_path / "cut")] == [1, 2, 3]
+    FW.train_stream(cfg(), s, tmp_path / "cut")
+    same_training(tmp_path / "full", tmp_path / "cut")
+
+
+@pytest.mark.slow
+def test_train_stream_sent_sigterm_exits_143_and_resumes_to_the_same_run(corpus, tmp_path, cli_env):
+    """`loopscale train-stream` in a subprocess, sent SIGTERM from outside mid-run: exit status
+    143 with a one-line notice, state.pt at a step boundary; the same command again finishes the
+    run with the weights and log of an uninterrupted one."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    root, _, _ = corpus
+    big = tmp_path / "corpus.parquet"  # a longer stream: fewer restarts of the parquet reader
+    pq.write_table(pa.Table.from_pylist(fineweb_rows(400, seed=1)), big)
+    steps = 300
+
+    def cmd(out):
+        return [sys.executable, "-m", "loopscale.cli", "train-stream", "--preset", "ouro-smoke",
+                "--set", "model.seq_len=16", "--set", "train.batch_size=4", "--set", f"train.max_steps={steps}",
+                "--set", "train.log_every=1", "--set", "train.ckpt_every=1000", "--set", "train.threads=1",
+                "--set", "train.device=cpu", "--set", f"stream.data_files=[{big}]",
+                "--set", "stream.shuffle_buffer=0", "--set", f"stream.tokenizer={root / 'tok'}", "--out", str(out)]
+    ref = subprocess.run(cmd(tmp_path / "full"), env=cli_env, capture_output=True, text=True, timeout=600)
+    assert ref.returncode == 0, ref.stderr
+    run = tmp_path / "cut"
+    proc = subprocess.Popen(cmd(run), env=cli_env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t0 = time.time()
+    while not ((run / "metrics.jsonl").is_file() and len((run / "metrics.jsonl").read_text().splitlines()) >= 5):
+        assert proc.poll() is None and time.time() - t0 < 300, "the run ended before it could be signalled"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143, err
+    assert "loopscale: SIGTERM at step" in err and "rerun the same command to resume" in err
+    step = IO.load_checkpoint(run / "state.pt")["step"]
+    assert 5 <= step < steps and not (run / "summary.json").exists()
+    assert [r["step"] for r in metrics(run)] == list(range(1, step + 1))
+    done = subprocess.run(cmd(run), env=cli_env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1])["steps"] == steps
+    same_training(tmp_path / "full", run)
+
+
+def ouro_like_tokenizer(path):
+    """A byte-level BPE with the Ouro tokenizer's first special tokens at its ids 0..3
+    (<|endoftext|>, <|im_start|>, <|im_end|>, <repo_name>) and no unknown token."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train_from_iterator([" ".join(WORDS)] * 4, trainer=trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<repo_name>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    path.mkdir(parents=True)
+    tok.save(str(path / "tokenizer.json"))
+    return tok
+
+
+def test_meta_json_records_the_pretrained_tokenizers_own_special_tokens(corpus, tmp_path):
+    """prepare-data with data.pretrained_tokenizer: meta.json's special_tokens are that
+    tokenizer's (not loopscale's <pad> <bos> <eos> <unk> at 0..3), and the <unk> statistics
+    count its own unknown token: none for a byte-level BPE, even where id 3 (here <repo_name>)
+    occurs; the word-level test tokenizer's <unk> at id 0."""
+    from loopscale import data as D
+    from loopscale.config import DataConfig
+    root, rows, _ = corpus
+    ouro_like_tokenizer(tmp_path / "ouro")
+    docs = [{**r, "text": r["text"] + " <repo_name> zz9"} if i % 2 == 0 else r for i, r in enumerate(rows)]
+    pq.write_table(pa.Table.from_pylist(docs), tmp_path / "fw.parquet")
+    for tok_dir, specials, unk in ((tmp_path / "ouro", {"<|endoftext|>": 0, "<|im_start|>": 1, "<|im_end|>": 2,
+                                                        "<repo_name>": 3}, None),
+                                   (root / "tok", {"<unk>": 0}, 0)):
+        cfg = DataConfig(source="fineweb", pretrained_tokenizer=str(tok_dir), data_files=[str(tmp_path / "fw.parquet")],
+                         heldout_documents=10)
+        out = tmp_path / "data" / tok_dir.name
+        meta = D.prepare_data(cfg, out, show_progress=False)
+        assert meta["special_tokens"] == specials
+        assert json.loads((out / "meta.json").read_text())["special_tokens"] == specials
+        for split in ("validation", "test"):
+            ids = D.load_split(out, split)
+            assert meta["stats"][split]["unk"] == (0 if unk is None else int((ids == unk).sum()))
+            if unk is None:
+                assert (ids == 3).sum() > 0  # <repo_name> is there, and is no unknown token
+            else:
+                assert meta["stats"][split]["unk"] > 0  # zz9 is outside the word-level vocabulary
+
+
+def test_a_streamed_runs_hugging_face_config_names_its_tokenizers_own_token_ids(corpus, tmp_path, smoke_data):
+    """config.json of a run trained with the Ouro-like tokenizer gives eos_token_id 0 (its
+    <|endoftext|>) and no bos/pad id (it has no such token), not loopscale's 1, 2, 0 (there
+    <|im_start|>, <|im_end|>, <|endoftext|>); a run of loopscale's own tokenizer keeps 1, 2, 0."""
+    from tokenizers import Tokenizer
+
+    from loopscale.artifacts import role_token_ids
+    root, _, _ = corpus
+    ouro_like_tokenizer(tmp_path / "ouro")
+    FW.train_stream(run_cfg(max_steps=1), settings(root, tokenizer=str(tmp_path / "ouro")), tmp_path / "run")
+    hf = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert (hf["bos_token_id"], hf["eos_token_id"], hf["pad_token_id"]) == (None, 0, None)
+    assert json.loads((tmp_path / "run" / "tokenizer_config.json").read_text())["eos_token"] == "<|endoftext|>"
+    own = Tokenizer.from_file(str(smoke_data / "tokenizer.json"))
+    assert role_token_ids(own) == {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}

@@ -1,7 +1,10 @@
 """The Ouro track in the pipeline: `paper-ouro` plans multi-GPU training jobs under the SLURM
-profile (dry run), and `ouro-smoke` trains, evaluates and reports tiny Ouro runs on a CPU."""
+profile (dry run), and `ouro-smoke` trains, evaluates and reports tiny Ouro runs on a CPU, both
+as params.yaml has it (the builtin corpus, `loopscale train`) and on the FineWeb path
+(train-stream, a second evaluation corpus, downstream through lm-eval)."""
 import csv
 import json
+import math
 
 import pytest
 
@@ -25,6 +28,43 @@ def test_paper_ouro_trains_data_parallel_under_slurm(repo):
     from loopscale import pipeline as P
     runs = P.build_experiment(P.load_params(repo / "params.yaml"), "paper-ouro").runs
     assert {r.config.model.arch for r in runs} == {"ouro"} and {r.config.model.d_ff for r in runs} == {5632}
+
+
+@pytest.fixture(scope="module")
+def builtin_repo(tmp_path_factory):
+    return copy_worktree(tmp_path_factory.mktemp("ouro-builtin") / "repo")
+
+
+@pytest.mark.slow
+def test_ouro_smoke_end_to_end_on_the_builtin_corpus(builtin_repo):
+    """The issue's command as it stands, `snakemake --cores 2 --config experiment=ouro-smoke`:
+    the builtin corpus with a fitted word-level tokenizer, `loopscale train` (not train-stream)
+    for each of the three readouts, the diagnostics, variable depth K = 1..8 on the builtin
+    validation split, and a REPORT.md that links appendix_b.md."""
+    repo = builtin_repo
+    smk(repo, "--cores", "2", "--config", "experiment=ouro-smoke")
+    meta = json.loads((repo / "data/ouro-smoke/meta.json").read_text())
+    assert meta["source"] == "builtin" and meta["tokens"]["train"] > 0
+    assert meta["special_tokens"] == {"<pad>": 0, "<bos>": 1, "<eos>": 2, "<unk>": 3}  # loopscale's fitted tokenizer
+    base = repo / "runs/ouro-smoke/ouro-smoke"
+    for r in ("rmsnorm", "final_raw", "final_alpha"):
+        run = base / f"{r}-terminal-none-inter_loop_norm/seed42"
+        summary = json.loads((run / "summary.json").read_text())
+        assert summary["status"] == "completed" and summary["total_steps"] == 20  # `loopscale train`'s summary
+        assert not (run / "stream.yaml").exists() and "stream_passes" not in summary
+        assert json.loads((run / "loopscale.json").read_text())["config"]["model"]["arch"] == "ouro"
+        radial = json.loads((run / "eval/radial.json").read_text())
+        assert radial["status"] == "ok"
+        assert radial["loops"][-1]["readout"] == {"rmsnorm": "rmsnorm", "final_raw": "raw", "final_alpha": "alpha"}[r]
+        depth = json.loads((run / "eval/ouro_depth-builtin.json").read_text())
+        assert depth["status"] == "ok" and [x["K"] for x in depth["rows"]] == list(range(1, 9))
+        assert all(math.isfinite(x["ppl"]) and x["ppl"] > 1 for x in depth["rows"])
+        assert not (run / "eval/downstream.json").exists()  # ouro-smoke has no downstream: block
+    with open(repo / "results/ouro-smoke/appendix_b.csv") as f:
+        table = list(csv.DictReader(f))
+    assert {(t["table"], t["data"]) for t in table} == {("variable_depth", "builtin")} and len(table) == 3 * 8
+    report = (repo / "results/ouro-smoke/REPORT.md").read_text()
+    assert "[appendix_b.md](appendix_b.md)" in report and (repo / "results/ouro-smoke/appendix_b.md").is_file()
 
 
 def fineweb_params(repo):
@@ -94,7 +134,8 @@ def test_ouro_smoke_end_to_end_on_fineweb(repo):
     assert {(t["data"], t["metric"]) for t in table if t["table"] == "downstream"} == \
         {("ls_mc", m) for m in ("acc", "acc_norm", "acc_norm_token")}
     assert {t["paper"] for t in table} == {"not reported"}
-    assert (repo / "results/ouro-smoke/REPORT.md").is_file() and (repo / "results/ouro-smoke/appendix_b.md").is_file()
+    assert (repo / "results/ouro-smoke/appendix_b.md").is_file()
+    assert "[appendix_b.md](appendix_b.md)" in (repo / "results/ouro-smoke/REPORT.md").read_text()
 
 
 @pytest.mark.parametrize("edit, message", [

@@ -153,15 +153,28 @@ def write_tokenizer(run_dir: str | Path, tokenizer_json: bytes, model_max_length
     atomic_write_json(run / "special_tokens_map.json", special)
 
 
-def hf_config(record: dict, weights_hash: str, tokenizer_hash: Optional[str]) -> dict:
-    """config.json: a Hugging Face config of the run's model (loopscale.hf.LoopscaleConfig)."""
+def role_token_ids(tok: Optional[Tokenizer]) -> dict:
+    """config.json's bos/eos/pad token ids: those of the tokens `tokenizer_metadata` gives these
+    roles in the run's tokenizer (None where it has no such token: the Ouro tokenizer has an
+    end-of-text token only); without a tokenizer, loopscale's own ids 1, 2, 0."""
+    if tok is None:
+        return {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+    vocab = tok.get_vocab(with_added_tokens=True)
+    roles = tokenizer_metadata(tok, 0)[1]
+    return {f"{r}_token_id": vocab[roles[f"{r}_token"]] if f"{r}_token" in roles else None for r in ("bos", "eos", "pad")}
+
+
+def hf_config(record: dict, weights_hash: str, tokenizer_hash: Optional[str],
+              token_ids: Optional[dict] = None) -> dict:
+    """config.json: a Hugging Face config of the run's model (loopscale.hf.LoopscaleConfig);
+    `token_ids`: `role_token_ids` of its tokenizer (default: loopscale's own)."""
     m = record["config"]["model"]
     from . import __version__
     return {"model_type": HF_MODEL_TYPE, "architectures": [HF_ARCHITECTURE],
             "auto_map": {"AutoConfig": f"{MODELING[:-3]}.LoopscaleConfig",
                          "AutoModelForCausalLM": f"{MODELING[:-3]}.{HF_ARCHITECTURE}"},
             "arch": record.get("arch", "looped"), **m,
-            "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0, "tie_word_embeddings": True,
+            **(token_ids or role_token_ids(None)), "tie_word_embeddings": True,
             "dtype": "float32",
             "loopscale": {"version": __version__, "record": RECORD,
                           "config_fingerprint": config_fingerprint(record["config"]),
@@ -174,9 +187,10 @@ def write_run_files(run_dir: str | Path, model: LoopedLM, record: dict, tokenize
     config.json last (its presence marks a complete artifact)."""
     run = Path(run_dir)
     seq_len = record["config"]["model"]["seq_len"]
-    tok_hash = None
+    tok_hash, token_ids = None, None
     if tokenizer_json is not None:
         write_tokenizer(run, tokenizer_json, seq_len)
+        token_ids = role_token_ids(parse_tokenizer(tokenizer_json, "the tokenizer"))
         tok_hash = hashlib.sha256(tokenizer_json).hexdigest()
         record = {**record, "data": {**(record.get("data") or {}), "tokenizer_sha256": tok_hash}}
     atomic_write_json(run / RECORD, record)
@@ -184,7 +198,7 @@ def write_run_files(run_dir: str | Path, model: LoopedLM, record: dict, tokenize
     save_weights(run / WEIGHTS, model, fp)
     state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
     atomic_write_text(run / MODELING, MODELING_SOURCE)
-    atomic_write_json(run / HF_CONFIG, hf_config(record, weights_sha256(state), tok_hash))
+    atomic_write_json(run / HF_CONFIG, hf_config(record, weights_sha256(state), tok_hash, token_ids))
 
 
 def write_artifacts(run_dir: str | Path, model: LoopedLM, cfg: RunConfig, data_dir: Optional[str | Path]) -> None:

@@ -267,6 +267,41 @@ def check_tokenizer_ids(tok: Tokenizer, what: str = "the tokenizer") -> None:
                         f"is {ids[-1] if ids else None}); renumber its vocabulary 0..{len(ids) - 1}")
 
 
+def _loopscale_layout(vocab: dict) -> bool:
+    """Whether a tokenizer keeps loopscale's specials at ids 0..3 (every tokenizer loopscale
+    fits, and the paper's, which holds them as plain vocabulary)."""
+    return all(vocab.get(s) == i for i, s in enumerate(SPECIAL_TOKENS))
+
+
+def special_token_ids(tok: Tokenizer) -> dict[str, int]:
+    """The tokenizer's own special tokens and their ids (meta.json ``special_tokens``): its
+    added tokens marked special, its unknown token (`unk_token_id`), and for a tokenizer of
+    loopscale's layout its ``<pad> <bos> <eos> <unk>`` at ids 0..3 (the paper's tokenizer holds
+    them as plain vocabulary). For a pretrained tokenizer these are its own, e.g. the Ouro
+    tokenizer's ``<|endoftext|>`` at 0, ``<|im_start|>`` at 1, ``<|im_end|>`` at 2."""
+    ids = {t.content: i for i, t in tok.get_added_tokens_decoder().items() if t.special}
+    if _loopscale_layout(tok.get_vocab(with_added_tokens=True)):
+        ids.update({s: i for i, s in enumerate(SPECIAL_TOKENS)})
+    unk = unk_token_id(tok)
+    if unk is not None and tok.id_to_token(unk) is not None:
+        ids.setdefault(tok.id_to_token(unk), unk)
+    return dict(sorted(ids.items(), key=lambda kv: (kv[1], kv[0])))
+
+
+def unk_token_id(tok: Tokenizer) -> Optional[int]:
+    """The id a tokenizer gives text outside its vocabulary: its model's unknown token
+    (WordLevel/BPE/WordPiece ``unk_token``, Unigram ``unk_id``), else ``<unk>`` (3) for a
+    tokenizer of loopscale's layout (its byte-level BPE has no unknown token, but WikiText's
+    literal ``<unk>`` encodes to that id); None where there is none (a byte-level BPE such as
+    Ouro's encodes every string)."""
+    model = json.loads(tok.to_str()).get("model") or {}
+    if isinstance(model.get("unk_token"), str):
+        return tok.token_to_id(model["unk_token"])
+    if isinstance(model.get("unk_id"), int):
+        return model["unk_id"]
+    return UNK_ID if _loopscale_layout(tok.get_vocab(with_added_tokens=True)) else None
+
+
 def _read_text_file(key: str, path: Optional[str], required: bool, rows: bool = False) -> list[str]:
     """One cleaned document from a text file (or its `text_rows` with `rows`), or [] for an
     absent optional file."""
@@ -645,7 +680,8 @@ def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True,
       no header; a split's documents are joined with
       `DOC_SEPARATOR` and tokenised as one text (see the module docstring). ``test.bin`` is
       empty when the source has no test split.
-    - ``meta.json``: ``vocab_size`` (ids actually used), ``dtype``, ``tokens`` per split,
+    - ``meta.json``: ``vocab_size`` (ids actually used), ``dtype``, ``special_tokens`` (the
+      tokenizer's own, `special_token_ids`), ``tokens`` per split,
       ``splits`` (documents, characters, text sha256 and token file ``sha256`` per split),
       ``source_sha256`` (of the split
       texts), ``tokenizer_sha256`` (of tokenizer.json), ``data_config``, ``loopscale_version``.
@@ -691,12 +727,13 @@ def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True,
     atomic_write_bytes(out / "tokenizer.json", tok_json)
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
 
+    unk_id = unk_token_id(tok)
     split_hash = {s: hashlib.sha256(texts[s].encode("utf-8")).hexdigest() for s in SPLITS}
     source_hash = hashlib.sha256()
     for s in SPLITS:
         source_hash.update(f"{s}\0{split_hash[s]}\0".encode())
 
-    written = {s: _write_split(tok, texts[s], out, s, show_progress) for s in SPLITS}
+    written = {s: _write_split(tok, texts[s], out, s, show_progress, unk_id) for s in SPLITS}
     counts = {s: n for s, (n, _, _) in written.items()}
 
     meta = {
@@ -704,7 +741,7 @@ def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True,
         "dtype": np.dtype(TOKEN_DTYPE).name,
         "byteorder": "little",
         "vocab_size": vocab_size,
-        "special_tokens": {s: i for i, s in enumerate(SPECIAL_TOKENS)},
+        "special_tokens": special_token_ids(tok),  # the tokenizer's own (a pretrained one's, not loopscale's)
         "tokenizer": cfg.tokenizer,
         "tokenization": cfg.tokenization,
         "document_separator": DOC_SEPARATOR,
@@ -735,9 +772,10 @@ def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True,
     return meta
 
 
-def _write_split(tok: Tokenizer, text: str, out: Path, split: str, show_progress: bool) -> tuple[int, str, int]:
+def _write_split(tok: Tokenizer, text: str, out: Path, split: str, show_progress: bool,
+                 unk_id: Optional[int] = UNK_ID) -> tuple[int, str, int]:
     """Encode one split's text into `<split>.bin` (atomically); return its token count, the
-    file's sha256 and its count of ``<unk>`` ids."""
+    file's sha256 and its count of unknown-token ids (`unk_token_id`; 0 without one)."""
     from tqdm.auto import tqdm
 
     log.info("encoding %s: %s characters", split, f"{len(text):,}")
@@ -752,7 +790,7 @@ def _write_split(tok: Tokenizer, text: str, out: Path, split: str, show_progress
                 f.write(chunk)
                 digest.update(chunk)
                 n_tokens += int(ids.size)
-                n_unk += int(np.count_nonzero(ids == UNK_ID))
+                n_unk += int(np.count_nonzero(ids == unk_id)) if unk_id is not None else 0
     atomic_write(out / f"{split}.bin", write)
     return n_tokens, digest.hexdigest(), n_unk
 
@@ -768,7 +806,8 @@ def split_stats(tok: Tokenizer, docs: list[str], text: str, n_tokens: int, n_unk
 
     ``words``: whitespace-separated words (``str.split``, the WikiText convention: its mark-up
     ``@-@``, punctuation and headings' ``=`` count as words); ``tokens_per_word``;
-    ``unk`` and ``unk_share`` (``<unk>`` ids / tokens); ``boundary_unk``: the ``<unk>`` ids that
+    ``unk`` and ``unk_share`` (ids of the tokenizer's unknown token, `unk_token_id`, / tokens;
+    0 for a tokenizer without one, as Ouro's byte-level BPE); ``boundary_unk``: the ``<unk>`` ids that
     are whitespace runs holding a separator (with ``tokenization=paper`` every row boundary,
     ``" \\n\\n\\n "`` on WikiText, is one); ``rows`` (the documents prepare-data joined)."""
     words = sum(len(chunk.split()) for doc in docs for chunk in _chunks(doc))

@@ -10,7 +10,9 @@ every world-th chunk where the stream cannot be sharded. The learning rate warms
 from 0 and decays by a cosine to `min_lr`; AdamW β = (0.9, 0.95).
 
 Here the same stream feeds loopscale's training step (`loopscale.train.train_step`: grad
-accumulation, autocast, DDP under torchrun, the divergence guard), with two differences that
+accumulation, autocast, DDP under torchrun, the divergence guard) and its preemption handling
+(`loopscale.train.SigtermFlag`: SIGTERM on any rank, as SLURM sends before a time limit, stops
+every rank after the current step with a last state.pt and exit status 143), with two differences that
 are deliberate: resuming is exact (a state.pt records how many chunks each rank consumed, and
 the reopened stream skips exactly those; the official `--exact-stream-resume` skips an
 approximate token count, and by default none), and the schedule counts optimiser steps (the
@@ -221,8 +223,10 @@ def cosine_lr(step: int, warmup: int, total: int, lr: float, min_lr: float) -> f
 def train_stream(cfg: RunConfig, s: StreamConfig, out_dir: str | Path, *, val_data: Optional[str | Path] = None,
                  resume: bool = True) -> dict:
     """Train `cfg` on the stream `s` for train.max_steps optimiser steps into `out_dir`:
-    metrics.jsonl, state.pt (every train.ckpt_every steps: weights, optimiser, step, chunks
-    consumed), model.pt (what `loopscale eval` reads) and summary.json."""
+    metrics.jsonl, state.pt (every train.ckpt_every steps and on SIGTERM: weights, optimiser,
+    every rank's RNG, step, chunks consumed), model.pt (what `loopscale eval` reads) and
+    summary.json. SIGTERM raises `train.Preempted` once the state is saved; calling this again
+    resumes from it exactly (the same batches, dropout masks and learning rates)."""
     import torch
 
     from . import data as D
@@ -231,7 +235,7 @@ def train_stream(cfg: RunConfig, s: StreamConfig, out_dir: str | Path, *, val_da
     from .io import atomic_torch_save, atomic_write_json, load_checkpoint, weights_sha256
     from .model import build_model
     from .runtime import enable_tf32, resolve_device
-    from .train import LastFinite, global_mean, resume_comparable, train_step
+    from .train import LastFinite, SigtermFlag, _metrics_upto, global_mean, resume_comparable, train_step
 
     tc, mc = cfg.train, cfg.model
     if not tc.max_steps:
@@ -252,6 +256,8 @@ def train_stream(cfg: RunConfig, s: StreamConfig, out_dir: str | Path, *, val_da
 
     torch.manual_seed(tc.seed)
     model = build_model(mc).to(device)
+    if dd.rank > 0:  # own dropout masks per rank, as `loopscale train` seeds them
+        torch.manual_seed(DD.rank_seed(tc.seed, dd.rank))
     if s.pure_bf16:
         model = model.to(torch.bfloat16)
     model.checkpoint_blocks = tc.activation_checkpointing
@@ -272,7 +278,11 @@ def train_stream(cfg: RunConfig, s: StreamConfig, out_dir: str | Path, *, val_da
             raise ConfigError(f"{state_path} was written by {len(ck.get('consumed', []))} ranks, this job has "
                               f"{dd.world}: the stream position cannot carry over")
         DD.load_states(model, opt, ck["model"], ck["optimizer"], dd, tc.fsdp)
+        if ck.get("rng_ranks"):  # dropout continues as in an uninterrupted run
+            DD.set_rng_state(ck["rng_ranks"][dd.rank], device)
         step, consumed = int(ck["step"]), list(ck["consumed"])
+        if main:  # records written after that state (a crash between checkpoints) are redone
+            _metrics_upto(metrics_path, step)
         logger.info("resuming at step %d (%d chunks consumed per rank)", step, consumed[dd.rank])
     elif main:
         metrics_path.unlink(missing_ok=True)
@@ -293,33 +303,39 @@ def train_stream(cfg: RunConfig, s: StreamConfig, out_dir: str | Path, *, val_da
             atomic_torch_save(path, {**record, "model": weights, "weights_sha256": weights_sha256(weights),
                                      "step": step, "consumed": got, **extra})
 
+    def save_state() -> None:  # every rank (collectives); rank 0 writes
+        rng = DD.gather(DD.rng_state(device), dd)
+        save(state_path, {"optimizer": DD.optimizer_state(model, opt, dd, tc.fsdp), "rng_ranks": rng})
+
     t0, status = time.time(), "completed"
     guard = LastFinite(model.parameters())
     log = open(metrics_path, "a") if main else None
     try:
-        model.train()
-        while step < tc.max_steps:
-            lr = cosine_lr(step + 1, s.warmup_steps, tc.max_steps, tc.lr, s.min_lr)
-            for g in opt.param_groups:
-                g["lr"] = lr
-            b = stream.batch(per_rank).to(device)
-            is_log = (step + 1) % tc.log_every == 0 or step + 1 == tc.max_steps
-            r = train_step(model, fwd, opt, b[:, :-1], b[:, 1:], cfg, device, all_exits=is_log, dd=dd, guard=guard)
-            if not r.finite:
-                status = "diverged"
-                break
-            step += 1
-            res = global_mean(r.loss, dd) if is_log else None  # a collective: every rank
-            if is_log and main:
-                log.write(json.dumps({"step": step, "lr": lr, "loss": res.total.item(), "ce": res.ce.tolist(),
-                                      "norm": res.norms.tolist(), "grad_norm": r.grad_norm.item(),
-                                      "tokens": step * tc.batch_size * mc.seq_len,
-                                      "elapsed": time.time() - t0}) + "\n")
-                log.flush()
-            if tc.eval_every and step % tc.eval_every == 0 and main and val_tokens is not None:
-                log.write(json.dumps(validate()) + "\n")
-            if step % tc.ckpt_every == 0 and step < tc.max_steps:
-                save(state_path, {"optimizer": DD.optimizer_state(model, opt, dd, tc.fsdp)})
+        with SigtermFlag() as sigterm:  # SLURM's SIGTERM before a time limit: a last state.pt, exit 143
+            model.train()
+            while step < tc.max_steps:
+                lr = cosine_lr(step + 1, s.warmup_steps, tc.max_steps, tc.lr, s.min_lr)
+                for g in opt.param_groups:
+                    g["lr"] = lr
+                b = stream.batch(per_rank).to(device)
+                is_log = (step + 1) % tc.log_every == 0 or step + 1 == tc.max_steps
+                r = train_step(model, fwd, opt, b[:, :-1], b[:, 1:], cfg, device, all_exits=is_log, dd=dd, guard=guard)
+                if not r.finite:
+                    status = "diverged"
+                    break
+                step += 1
+                res = global_mean(r.loss, dd) if is_log else None  # a collective: every rank
+                if is_log and main:
+                    log.write(json.dumps({"step": step, "lr": lr, "loss": res.total.item(), "ce": res.ce.tolist(),
+                                          "norm": res.norms.tolist(), "grad_norm": r.grad_norm.item(),
+                                          "tokens": step * tc.batch_size * mc.seq_len,
+                                          "elapsed": time.time() - t0}) + "\n")
+                    log.flush()
+                if tc.eval_every and step % tc.eval_every == 0 and main and val_tokens is not None:
+                    log.write(json.dumps(validate()) + "\n")
+                if step % tc.ckpt_every == 0 and step < tc.max_steps:
+                    save_state()
+                sigterm.stop_if_raised(dd, step, tc.max_steps, state_path, save_state)
     finally:
         if log is not None:
             log.close()
@@ -393,6 +409,5 @@ def add_cli(subparsers) -> None:
     p.add_argument("--drop-stale-state", action="store_true",
                    help="delete a state.pt written with other training settings instead of refusing it (pipeline use)")
     p.add_argument("--stop-with-parent", action="store_true",
-                   help="end (SIGTERM) when the parent process dies; a rerun resumes from the last state.pt "
-                        "(train.ckpt_every) (pipeline use)")
+                   help="stop as on SIGTERM (checkpoint, exit 143) when the parent process dies (pipeline use)")
     p.set_defaults(func=cmd_train_stream)

@@ -230,8 +230,10 @@ def global_mean(res: LossOutput, dd: DD.Dist) -> LossOutput:
     return LossOutput(flat[0], flat[2:2 + K], flat[2 + K:], flat[1])
 
 
-class _SigtermFlag:
-    """Turns SIGTERM (SLURM preemption / time limit) into a flag checked between steps."""
+class SigtermFlag:
+    """Turns SIGTERM (SLURM preemption / time limit) into a flag checked between steps: both
+    trainers (`train` and `fineweb.train_stream`) run their loop under it and call
+    `stop_if_raised` after every optimiser step."""
 
     def __init__(self):
         self.raised = False
@@ -248,6 +250,16 @@ class _SigtermFlag:
     def __exit__(self, *exc):
         if self._old is not None:
             signal.signal(signal.SIGTERM, self._old)
+
+    def stop_if_raised(self, dd: DD.Dist, step: int, total_steps: int, state_path: Path, save) -> None:
+        """Where SIGTERM reached any rank, stop every rank at this step: `save()` (called on
+        every rank: FSDP gathers the shards) writes the resumable state, then Preempted (the
+        command exits 143; rerunning it resumes from that state). A collective: every rank
+        calls it after every step."""
+        if DD.any_true(torch.tensor(self.raised), dd):
+            save()
+            raise Preempted(f"SIGTERM at step {step}/{total_steps}: state saved to {state_path}; "
+                            f"rerun the same command to resume")
 
 
 def stop_with_parent(poll_s: float = 0.5) -> None:
@@ -560,7 +572,7 @@ def _train(cfg: RunConfig, data_dir: str | Path, out: Path, *, resume: bool, pro
     wb = _wandb(out, cfg) if tc.wandb and main else None
     t_log, tok_log = time.time(), 0
     try:
-        with _SigtermFlag() as sigterm:
+        with SigtermFlag() as sigterm:
             model.train()
             while step < total_steps:
                 epoch, i = divmod(step, steps_per_epoch)
@@ -616,10 +628,7 @@ def _train(cfg: RunConfig, data_dir: str | Path, out: Path, *, resume: bool, pro
                     log.flush()
                 if step % tc.ckpt_every == 0 and step < total_steps:
                     save_state()
-                if DD.any_true(torch.tensor(sigterm.raised), dd):  # SIGTERM on any rank stops all
-                    save_state()
-                    raise Preempted(f"SIGTERM at step {step}/{total_steps}: state saved to {state_path}; "
-                                    f"rerun the same command to resume")
+                sigterm.stop_if_raised(dd, step, total_steps, state_path, save_state)  # on any rank: all stop
     finally:
         bar.close()
         log.close()

@@ -16,7 +16,8 @@ Command line (registered in `loopscale.cli` through `add_cli`):
                            [--figures results/<exp>/figures] [--params params.yaml]
                            [--experiment <exp>] --out results/<exp>/REPORT.md
       writes the one report file; it recomputes everything from the runs and links the
-      CSVs in --results and the PNGs in --figures by paths relative to --out
+      CSVs in --results (and appendix_b.md of an Ouro experiment) and the PNGs in --figures
+      by paths relative to --out
 
 A RUN_DIR is a directory holding config.json / config.yaml / summary.json / metrics.jsonl;
 any other directory given is searched recursively for such run directories, so

@@ -12,7 +12,7 @@ from typing import Optional
 import pandas as pd
 
 from . import claims as C
-from .aggregate import Table, group_runs, table_markdown
+from .aggregate import Table, group_runs
 from .figures import FIGURES
 from .fmt import md_table, num
 from .runs import Run, finite
@@ -222,9 +222,26 @@ def report_markdown(runs: list[Run], results_dir: Path, out_path: Path, experime
     out.append("CSV files (all numbers, std and n per cell) beside this report: " + ", ".join(
         f"[{t.name}.csv]({rel(results_dir / f'{t.name}.csv')})" for t in tables) +
         f", [claims.csv]({rel(results_dir / 'claims.csv')}).\n")
+    if any(t.name == "appendix_b" for t in tables):  # an Ouro experiment: `report tables` wrote appendix_b.md
+        out.append(f"Appendix B's tables (the Ouro track) on their own: "
+                   f"[appendix_b.md]({rel(results_dir / 'appendix_b.md')}), "
+                   f"[appendix_b.csv]({rel(results_dir / 'appendix_b.csv')}).\n")
     for t in tables:
         if t.md:
-            out.append("\n#" + table_markdown(t))
+            # a table's own sub-headings (Appendix B's: "## ..." under its file's "# title") nest under "### title"
+            out.append(f"\n### {t.title}\n\n{_nested(t.md, 2)}")
+    return "\n".join(out)
+
+
+def _nested(md: str, levels: int) -> str:
+    """`md` with every heading `levels` deeper; lines in code fences are left alone."""
+    out, fenced = [], False
+    for line in md.split("\n"):
+        if line.startswith("```"):
+            fenced = not fenced
+        elif not fenced and line.startswith("#"):
+            line = "#" * levels + line
+        out.append(line)
     return "\n".join(out)
 
 
