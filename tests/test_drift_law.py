@@ -118,3 +118,30 @@ def test_per_configuration_table_shows_where_the_shared_exponent_fails():
     assert good.own_time_exponent.between(0.4, 0.5).all() and good.power_ratio.between(0.9, 1.1).all()
     assert good.measured.to_numpy() == pytest.approx(
         [law(1500, d, L, lr) for d, L, lr in good[["d_model", "n_layers", "lr"]].to_numpy()], rel=0.1)
+
+
+def test_exponent_spread_and_configuration_scatter():
+    # every configuration shares t^0.45: the spread collapses onto the law; an unseen
+    # configuration's band is wider than a seen one's only by the (small) configuration scatter
+    fitted = DL.fit_drift_law(DL.fit_records(logs(STUDY)), n_boot=20)
+    assert all(e == pytest.approx(0.45, abs=0.03) for e in fitted.own_exponents.values())
+    lo, hi = fitted.exponent_spread(100_000, d_model=512, n_layers=8, lr=3e-4)
+    assert lo <= fitted.fits["power"].predict(100_000, d_model=512, n_layers=8, lr=3e-4) * 1.3 and hi / lo < 1.4
+    assert fitted.seen(d_model=64, n_layers=2, lr=1e-3) and not fitted.seen(d_model=512, n_layers=8, lr=3e-4)
+    assert math.isnan(fitted.exponent_spread(1000, d_model=64, n_layers=2, lr=1e-3)[0])  # no extrapolation
+    # one width that stops growing: its own exponent enters the spread, which then brackets a
+    # flat continuation and the shared-exponent law alike
+    def bent(t, d, L, lr):
+        return law(t if d != 256 else 300, d, L, lr)
+    fb = DL.fit_drift_law(DL.fit_records(logs(STUDY, fn=bent)), n_boot=20)
+    lo, hi = fb.exponent_spread(100_000, d_model=512, n_layers=8, lr=3e-4)
+    at_last = fb.fits["power"].predict(1500, d_model=512, n_layers=8, lr=3e-4)
+    assert lo == pytest.approx(at_last * (100_000 / 1500) ** min(fb.own_exponents.values()), rel=1e-9)
+    assert lo < fb.fits["power"].predict(100_000, d_model=512, n_layers=8, lr=3e-4) < hi
+    p = fb.predict("x", 100_000, d_model=512, n_layers=8, lr=3e-4)
+    assert p.exponent_spread == (lo, hi)
+    # misfit between configurations widens the band of an unseen configuration, not of a seen one
+    assert fb.config_scatter["power"] > fitted.config_scatter["power"]
+    seen_band = fb.predict("s", 1500, n_runs=2, d_model=64, n_layers=2, lr=1e-3).band
+    unseen_band = fb.predict("u", 1500, n_runs=2, d_model=96, n_layers=2, lr=1e-3).band
+    assert unseen_band[1] / unseen_band[0] > seen_band[1] / seen_band[0]

@@ -16,10 +16,18 @@ with those already in is dropped, in the order width, depth, learning rate); a p
 for a setting of a dropped factor other than the data's is not made (NaN, with the reason).
 
 Uncertainty: a bootstrap over runs (whole runs drawn with replacement within each
-configuration, so every configuration stays in), BOOTSTRAP resamples, plus the run-to-run
-scatter of the fitted runs (the std of their mean log residuals, over √n for a mean of n new
-runs: 3 seeds for the paper's models); the band at a target spans both laws' 95% intervals
-(the choice of law is part of the uncertainty).
+configuration, so every configuration stays in), BOOTSTRAP resamples, plus the residual
+scatter of the fitted runs, split in two: the run-to-run scatter within a configuration (over
+√n for a mean of n new runs: 3 seeds for the paper's models) and, for a configuration the
+fit has not seen, the scatter of the configurations' mean log residuals about the law (its
+lack of fit between configurations, which more seeds do not average away); the band at a
+target spans both laws' 95% intervals (the choice of law is part of the uncertainty).
+
+The law's strongest assumption is one time exponent for every configuration. Each
+configuration's own exponent (a power law in t on its records alone) is reported, and the
+*exponent spread* at a target re-extrapolates the law from the last fitted step with every
+configuration's own exponent in turn: the range a reader should allow if the target's
+exponent is any of those the runs showed.
 
 Held-out check: with `holdout`, the law is first fitted without that experiment's runs and
 its prediction of their final ‖H_K‖ (mean over runs at their last logged step) is compared
@@ -139,6 +147,7 @@ class Prediction:
     step: int
     by_law: dict = field(default_factory=dict)  # law -> (prediction, low, high)
     reason: str = ""  # why there is no prediction
+    exponent_spread: tuple = (math.nan, math.nan)  # the power law with each configuration's own time exponent
 
     @property
     def band(self) -> tuple[float, float]:
@@ -152,11 +161,27 @@ class DriftLaw:
     factors: tuple
     fits: dict  # law -> LawFit
     boot: dict  # law -> list of LawFit
-    run_scatter: dict = field(default_factory=dict)  # law -> std of the runs' mean log residual
+    run_scatter: dict = field(default_factory=dict)  # law -> std of the runs' mean log residual about their configuration's
+    config_scatter: dict = field(default_factory=dict)  # law -> std of the configurations' mean log residual
+    own_exponents: dict = field(default_factory=dict)  # (d_model, n_layers, lr) -> its own power-law time exponent
+
+    def seen(self, **setting) -> bool:
+        """Whether the fit has runs of exactly this configuration."""
+        return any(all(math.isclose(setting[c], float(v), rel_tol=1e-9) for c, v in zip(("d_model", "n_layers", "lr"), k))
+                   for k in self.own_exponents)
+
+    def exponent_spread(self, step: int, **setting) -> tuple[float, float]:
+        """The power law's value at `step` re-extrapolated from the last fitted step with each
+        configuration's own time exponent: (lowest, highest)."""
+        t0 = float(self.records.step.max())
+        base = self.fits["power"].predict(t0, **setting)
+        v = [base * (step / t0) ** e for e in self.own_exponents.values() if math.isfinite(e)]
+        return (min(v), max(v)) if v and step > t0 else (math.nan, math.nan)
 
     def predict(self, name: str, step: int, n_runs: int = 3, **setting) -> Prediction:
         """The law at (step, setting), with a 95% band for the mean of `n_runs` new runs: the
-        bootstrap spread of the law plus the run-to-run scatter of the fitted runs."""
+        bootstrap spread of the law plus the run-to-run scatter of the fitted runs, and the
+        configurations' lack of fit where the setting is not one the law was fitted on."""
         p = Prediction(name, setting, int(step))
         rng = np.random.default_rng(BOOTSTRAP_SEED + 1)
         data = self.records
@@ -167,12 +192,15 @@ class DriftLaw:
                     p.reason = (f"the runs do not vary {fname} ({col} = {', '.join(f'{v:g}' for v in seen)}); "
                                 f"{col} = {setting[col]:g} is not predicted")
                     return p
+        new_config = not self.seen(**setting)
         for law in LAWS:
-            sd = self.run_scatter.get(law, 0.0) / math.sqrt(max(1, n_runs))
+            sd = math.hypot(self.run_scatter.get(law, 0.0) / math.sqrt(max(1, n_runs)),
+                            self.config_scatter.get(law, 0.0) if new_config else 0.0)
             draws = [b.predict(step, **setting) * math.exp(rng.normal(0.0, sd)) for b in self.boot[law]]
             lo, hi = (float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))) if draws else \
                 (math.nan, math.nan)
             p.by_law[law] = (self.fits[law].predict(step, **setting), lo, hi)
+        p.exponent_spread = self.exponent_spread(step, **setting)
         return p
 
 
@@ -198,12 +226,22 @@ def fit_drift_law(records: pd.DataFrame, n_boot: int = BOOTSTRAP, seed: int = BO
         for law in LAWS:
             coef, *_ = np.linalg.lstsq(X_all[law][rows], y_all[rows], rcond=None)
             boot[law].append(LawFit(law, factors, coef, math.nan))
-    scatter = {}
+    run_scatter, config_scatter = {}, {}
     for law_, f in fits.items():
-        resid = np.log(records["norm_K"].to_numpy(float)) - _design(records, law_, factors) @ f.coef
-        per_run = pd.Series(resid, index=records.index).groupby(records["run"]).mean()
-        scatter[law_] = float(per_run.std(ddof=1)) if len(per_run) > 1 else 0.0
-    return DriftLaw(records, factors, fits, boot, scatter)
+        resid = pd.Series(y_all - X_all[law_] @ f.coef, index=records.index)
+        per_run = resid.groupby(records["run"]).mean()
+        run_cfg = pd.Series(cfg_key, index=records.index).groupby(records["run"]).first()
+        per_cfg = per_run.groupby(run_cfg).mean()
+        within = per_run - run_cfg.map(per_cfg)
+        dof = len(per_run) - len(per_cfg)
+        run_scatter[law_] = float(math.sqrt((within ** 2).sum() / dof)) if dof > 0 else 0.0
+        config_scatter[law_] = float(per_cfg.std(ddof=1)) if len(per_cfg) > 1 else 0.0
+    own = {}
+    for (d, L, lr), g in records.groupby(["d_model", "n_layers", "lr"], sort=True):
+        x = np.log(g.step.to_numpy(float))
+        own[(float(d), float(L), float(lr))] = \
+            float(np.polyfit(x, np.log(g.norm_K.to_numpy(float)), 1)[0]) if np.ptp(x) > 0 else math.nan
+    return DriftLaw(records, factors, fits, boot, run_scatter, config_scatter, own)
 
 
 def _setting(df: pd.DataFrame) -> dict:
@@ -248,8 +286,7 @@ def per_configuration(law: DriftLaw) -> pd.DataFrame:
     for (d, L, lr), g in r.groupby(["d_model", "n_layers", "lr"], sort=True):
         last = g.loc[g.groupby("run").step.idxmax()]
         step = int(round(last.step.mean()))
-        x, y = np.log(g.step.to_numpy(float)), np.log(g.norm_K.to_numpy(float))
-        own = float(np.polyfit(x, y, 1)[0]) if np.ptp(x) > 0 else math.nan
+        own = law.own_exponents[(float(d), float(L), float(lr))]
         measured = float(last.norm_K.mean())
         row = {"d_model": d, "n_layers": L, "lr": lr, "experiments": ",".join(sorted(g.experiment.unique())),
                "runs": int(g.run.nunique()), "step": step, "own_time_exponent": own, "measured": measured}
@@ -289,6 +326,7 @@ def _pred_row(p: Prediction) -> dict:
         v = p.by_law.get(law, (math.nan,) * 3)
         row[f"{law}"], row[f"{law}_low"], row[f"{law}_high"] = v
     row["band_low"], row["band_high"] = p.band
+    row["exponent_spread_low"], row["exponent_spread_high"] = p.exponent_spread
     return row
 
 
@@ -349,12 +387,23 @@ def report(results_dirs, out_dir, holdout: Optional[str] = None, condition_id: s
         far = ("inside the band" if lo <= v <= hi else
                f"{v / hi:.1f}× above the band" if v > hi else f"{lo / v:.1f}× below the band") \
             if math.isfinite(lo) else "—"
+        elo, ehi = p.exponent_spread
+        spread = f"{num(elo)} – {num(ehi)}" if math.isfinite(elo) else "—"
+        efar = ("inside" if elo <= v <= ehi else f"{v / ehi:.1f}× above" if v > ehi else f"{elo / v:.1f}× below") \
+            if math.isfinite(elo) else "—"
         prow.append([name, f"{p.step:,}", f"d {p.setting['d_model']:g}, {p.setting['n_layers']:g} layers, "
-                     f"lr {p.setting['lr']:g}", _pred_text(p), f"{v:,}", far])
+                     f"lr {p.setting['lr']:g}", _pred_text(p), f"{v:,}", far, spread, efar])
     lines.append("\n**The paper's models**\n")
-    lines.append(md_table(["model", "steps", "setting", "predicted ‖H_K‖", "paper ‖H_K‖", "paper vs band"], prow))
-    lines.append(f"\nBands: 95% bootstrap over runs ({BOOTSTRAP} resamples, whole runs within each configuration), "
-                 f"spanning both laws. Steps: the paper's token stream ({paper.WIKITEXT103_TRAIN_WORDS:,} WikiText-103 "
+    exps_ = [e for e in law.own_exponents.values() if math.isfinite(e)]
+    lines.append(md_table(["model", "steps", "setting", "predicted ‖H_K‖", "paper ‖H_K‖", "paper vs band",
+                           "exponent spread", "paper vs spread"], prow))
+    sc = ", ".join(f"{k} {law.run_scatter[k]:.3f} / {law.config_scatter[k]:.3f}" for k in LAWS)
+    lines.append(f"\nBands: 95% bootstrap over runs ({BOOTSTRAP} resamples, whole runs within each configuration) "
+                 f"with the residual scatter added (std of ln ‖H_K‖ between runs of a configuration / between "
+                 f"configurations: {sc}; the second only for a configuration the fit has not seen), spanning both "
+                 f"laws. Exponent spread: the power law from step {int(law.records.step.max()):,} on with each "
+                 f"configuration's own time exponent ({min(exps_, default=math.nan):+.3f} to "
+                 f"{max(exps_, default=math.nan):+.3f}) instead of the shared one. Steps: the paper's token stream ({paper.WIKITEXT103_TRAIN_WORDS:,} WikiText-103 "
                  f"words × ≈{paper.PAPER_TOKENS_PER_WORD} tokens per word), 4 epochs of 257-token windows every 128 "
                  f"tokens. An extrapolation over one to two orders of magnitude in steps and width, not a "
                  f"measurement.\n")
