@@ -354,3 +354,127 @@ def test_a_streamed_runs_hugging_face_config_names_its_tokenizers_own_token_ids(
     assert json.loads((tmp_path / "run" / "tokenizer_config.json").read_text())["eos_token"] == "<|endoftext|>"
     own = Tokenizer.from_file(str(smoke_data / "tokenizer.json"))
     assert role_token_ids(own) == {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+
+
+# ---------------------------------------------------------------------------
+# the run directory of train-stream: locked, and a finished run kept (as `loopscale train`)
+# ---------------------------------------------------------------------------
+def stream_cli(root, run, *sets, no_resume=False):
+    """`loopscale train-stream` of a 2-step run on the test corpus, in process."""
+    from loopscale import cli
+    args = ["train-stream", "--preset", "ouro-smoke", "--set", "model.seq_len=16", "--set", "train.batch_size=4",
+            "--set", "train.max_steps=2", "--set", "train.log_every=1", "--set", "train.device=cpu",
+            "--set", f"stream.data_files=[{root / '000_00000.parquet'}]", "--set", "stream.shuffle_buffer=0",
+            "--set", f"stream.tokenizer={root / 'tok'}", "--set", "stream.warmup_steps=1"]
+    for s in sets:
+        args += ["--set", s]
+    return cli.main([*args, "--out", str(run), *(["--no-resume"] if no_resume else [])])
+
+
+def tree(run, lock=False):
+    """Every file under `run`: its bytes' hash and its mtime (ns); the lock file (which every
+    trainer that takes the lock rewrites with its name) only with `lock`."""
+    import hashlib
+    return {str(p.relative_to(run)): (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
+            for p in sorted(run.rglob("*")) if p.is_file() and (lock or p.name != ".lock")}
+
+
+@pytest.fixture
+def finished_stream(corpus, tmp_path, capsys):
+    root, _, _ = corpus
+    run = tmp_path / "run"
+    assert stream_cli(root, run) == 0
+    capsys.readouterr()
+    assert json.loads((run / "summary.json").read_text())["status"] == "completed"
+    return root, run
+
+
+def test_a_finished_streamed_run_is_kept_not_retrained(finished_stream, capsys, caplog, monkeypatch):
+    """train-stream rerun on its finished run (also with only train.threads changed): exit 0, the
+    finished summary printed, a line saying the run is finished, and not a byte or an mtime of
+    the directory changed; nothing is trained."""
+    from loopscale import train as T
+    root, run = finished_stream
+    before, summary = tree(run), json.loads((run / "summary.json").read_text())
+    monkeypatch.setattr(T, "train_step", lambda *a, **kw: pytest.fail("a finished run was trained again"))
+    for sets in ((), ("train.threads=1",)):
+        with caplog.at_level("INFO", logger="loopscale.train"):
+            assert stream_cli(root, run, *sets) == 0
+        out = capsys.readouterr().out
+        assert json.loads(out.strip().splitlines()[-1]) == {k: summary[k] for k in ("status", "steps", "tokens")}
+        assert f"{run} is already finished (completed, 2 steps)" in caplog.text
+        assert tree(run) == before  # model.pt byte-identical, its mtime unchanged
+        caplog.clear()
+
+
+def test_a_finished_streamed_run_of_other_settings_is_refused_like_train(finished_stream, capsys):
+    """Other run settings or other stream settings on a finished run: refused in one line, exit
+    2, the run untouched (as `loopscale train` refuses it); --no-resume trains over it."""
+    root, run = finished_stream
+    before = tree(run)
+    for other in ("train.lr=2e-3", "stream.warmup_steps=2", "stream.min_chars=40"):
+        assert stream_cli(root, run, other) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1, err
+        assert f"{run} holds a finished run of other settings; train with --no-resume" in err
+        assert tree(run) == before
+    assert stream_cli(root, run, "train.lr=2e-3", no_resume=True) == 0
+    assert IO.load_checkpoint(run / "model.pt")["config"]["train"]["lr"] == 2e-3
+    assert stream_cli(root, run, "train.lr=2e-3") == 0  # and that run is now the finished one
+    assert stream_cli(root, run) == 2
+
+
+def test_a_finished_streamed_run_from_before_result_fingerprints_is_recognised(finished_stream, capsys):
+    """A summary.json written before train-stream recorded fingerprints: its run's settings are
+    read from loopscale.json, so a rerun of the same settings keeps it, one of others is refused."""
+    root, run = finished_stream
+    summary = json.loads((run / "summary.json").read_text())
+    for k in ("config_fingerprint", "result_fingerprint"):
+        summary.pop(k, None)
+    (run / "summary.json").write_text(json.dumps(summary))
+    for kept in (".finished.summary.json", ".finished.model.pt"):
+        (run / kept).unlink(missing_ok=True)  # written by the same change as the fingerprints
+    before = tree(run)
+    assert stream_cli(root, run) == 0 and tree(run) == before
+    assert stream_cli(root, run, "train.lr=2e-3") == 2 and tree(run) == before
+    assert "finished run of other settings" in capsys.readouterr().err
+
+
+def test_a_finished_streamed_run_whose_outputs_snakemake_deleted_is_kept(finished_stream, caplog, monkeypatch):
+    """snakemake --rerun-incomplete deletes model.pt and summary.json of a job it thinks
+    unfinished: the rerun puts the finished run back from its second names, not retraining it."""
+    from loopscale import train as T
+    root, run = finished_stream
+    weights, summary = (run / "model.pt").read_bytes(), (run / "summary.json").read_bytes()
+    (run / "model.pt").unlink()
+    (run / "summary.json").unlink()
+    monkeypatch.setattr(T, "train_step", lambda *a, **kw: pytest.fail("a finished run was trained again"))
+    with caplog.at_level("INFO", logger="loopscale.train"):
+        assert stream_cli(root, run) == 0
+    assert "kept the finished run" in caplog.text
+    assert (run / "model.pt").read_bytes() == weights and (run / "summary.json").read_bytes() == summary
+
+
+def test_a_held_run_lock_refuses_train_stream_and_train(finished_stream, tmp_path, capsys, smoke_data):
+    """While another trainer holds a run directory, train-stream (also with --no-resume, which
+    would train over the run) and train fail with one line naming the directory and the holder,
+    exit 2, and change nothing in it; an empty directory stays empty but for the lock."""
+    import os
+
+    from loopscale import cli
+    from loopscale.io import run_lock
+    root, run = finished_stream
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    for where in (run, empty):
+        with run_lock(where, "loopscale train-stream"):
+            before = tree(where, lock=True)
+            for attempt in (lambda: stream_cli(root, where), lambda: stream_cli(root, where, no_resume=True),
+                            lambda: cli.main(["train", "--preset", "smoke", "--data", str(smoke_data),
+                                              "--out", str(where), "-q"])):
+                assert attempt() == 2
+                err = capsys.readouterr().err.strip()
+                assert len(err.splitlines()) == 1, err
+                assert f"{where} is in use by loopscale train-stream (pid {os.getpid()})" in err
+                assert tree(where, lock=True) == before
+    assert sorted(p.name for p in empty.iterdir()) == [".lock"]

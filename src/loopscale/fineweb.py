@@ -220,13 +220,44 @@ def cosine_lr(step: int, warmup: int, total: int, lr: float, min_lr: float) -> f
 # ---------------------------------------------------------------------------
 # training on the stream
 # ---------------------------------------------------------------------------
+def _recorded_fingerprint(out: Path) -> Optional[str]:
+    """The result fingerprint of the streamed run recorded in out/loopscale.json (its config and
+    stream settings), for a summary.json written before train-stream recorded one."""
+    from .artifacts import RECORD
+    from .train import result_fingerprint
+    try:
+        rec = json.loads((out / RECORD).read_text())
+        return result_fingerprint(rec["config"], rec["stream"])
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        return None
+
+
 def train_stream(cfg: RunConfig, s: StreamConfig, out_dir: str | Path, *, val_data: Optional[str | Path] = None,
                  resume: bool = True) -> dict:
     """Train `cfg` on the stream `s` for train.max_steps optimiser steps into `out_dir`:
     metrics.jsonl, state.pt (every train.ckpt_every steps and on SIGTERM: weights, optimiser,
     every rank's RNG, step, chunks consumed), model.pt (what `loopscale eval` reads) and
     summary.json. SIGTERM raises `train.Preempted` once the state is saved; calling this again
-    resumes from it exactly (the same batches, dropout masks and learning rates)."""
+    resumes from it exactly (the same batches, dropout masks and learning rates).
+
+    The run directory is handled as `loopscale train` handles its own (`train.run_directory`):
+    locked for the duration, and a finished run of these settings (config and stream) is
+    returned as it is, one of other settings refused, unless `resume` is False."""
+    from .train import result_fingerprint, run_directory
+
+    if not cfg.train.max_steps:
+        raise ConfigError("train.max_steps is required for a streamed run (a stream has no epochs)")
+    out = Path(out_dir)
+    fp = result_fingerprint(cfg, dataclasses.asdict(s))
+    with run_directory(out, "loopscale train-stream", fp, resume=resume,
+                       legacy=lambda summary: _recorded_fingerprint(out) == fp) as done:
+        if done is not None:
+            return done
+        return _train_stream(cfg, s, out, fp, val_data=val_data, resume=resume)
+
+
+def _train_stream(cfg: RunConfig, s: StreamConfig, out: Path, fingerprint: str, *,
+                  val_data: Optional[str | Path], resume: bool) -> dict:
     import torch
 
     from . import data as D
@@ -235,13 +266,10 @@ def train_stream(cfg: RunConfig, s: StreamConfig, out_dir: str | Path, *, val_da
     from .io import atomic_torch_save, atomic_write_json, load_checkpoint, weights_sha256
     from .model import build_model
     from .runtime import enable_tf32, resolve_device
-    from .train import LastFinite, SigtermFlag, _metrics_upto, global_mean, resume_comparable, train_step
+    from .train import (LastFinite, SigtermFlag, _invalidate_outputs, _keep_finished, _metrics_upto, global_mean,
+                        resume_comparable, train_step)
 
     tc, mc = cfg.train, cfg.model
-    if not tc.max_steps:
-        raise ConfigError("train.max_steps is required for a streamed run (a stream has no epochs)")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
     dd = DD.setup(resolve_device(tc.device))
     device, main = dd.device, dd.is_main
     enable_tf32(device)
@@ -269,7 +297,8 @@ def train_stream(cfg: RunConfig, s: StreamConfig, out_dir: str | Path, *, val_da
     state_path, metrics_path = out / "state.pt", out / "metrics.jsonl"
     record = {"config": cfg.to_dict(), "stream": dataclasses.asdict(s)}
     step, consumed = 0, [0] * dd.world
-    if resume and state_path.exists():
+    resumed = resume and state_path.exists()
+    if resumed:
         ck = load_checkpoint(state_path, map_location=device)
         if resume_comparable(ck.get("config") or {}) != resume_comparable(record["config"]) \
                 or ck.get("stream") != record["stream"]:
@@ -281,14 +310,19 @@ def train_stream(cfg: RunConfig, s: StreamConfig, out_dir: str | Path, *, val_da
         if ck.get("rng_ranks"):  # dropout continues as in an uninterrupted run
             DD.set_rng_state(ck["rng_ranks"][dd.rank], device)
         step, consumed = int(ck["step"]), list(ck["consumed"])
-        if main:  # records written after that state (a crash between checkpoints) are redone
-            _metrics_upto(metrics_path, step)
-        logger.info("resuming at step %d (%d chunks consumed per rank)", step, consumed[dd.rank])
-    elif main:
-        metrics_path.unlink(missing_ok=True)
-    if step > tc.max_steps:
-        raise ConfigError(f"{state_path} is at step {step}, past train.max_steps {tc.max_steps}")
+        if step > tc.max_steps:
+            raise ConfigError(f"{state_path} is at step {step}, past train.max_steps {tc.max_steps}")
     stream = ChunkStream(s, tok, mc.seq_len, dd.rank, dd.world, consumed=consumed[dd.rank])
+    if main:  # what an earlier run of this directory left is not this run's (train._invalidate_outputs)
+        _invalidate_outputs(out, fresh=not resumed)
+        if resumed:  # records written after that state (a crash between checkpoints) are redone
+            _metrics_upto(metrics_path, step)
+        else:
+            state_path.unlink(missing_ok=True)
+            metrics_path.unlink(missing_ok=True)
+    if resumed:
+        logger.info("resuming at step %d (%d chunks consumed per rank)", step, consumed[dd.rank])
+    DD.barrier(dd)  # rank 0 has dropped the old files before it writes new ones
 
     def validate() -> Optional[dict]:
         if val_tokens is None:
@@ -350,12 +384,14 @@ def train_stream(cfg: RunConfig, s: StreamConfig, out_dir: str | Path, *, val_da
                         tok.to_str(pretty=True).encode("utf-8"))
     summary = {"status": status, "steps": step, "tokens": step * tc.batch_size * mc.seq_len,
                "chunks_consumed_per_rank": stream.consumed, "stream_passes": stream.passes,
-               "validation": val, "wall_time_s": time.time() - t0, "world_size": dd.world}
+               "validation": val, "wall_time_s": time.time() - t0, "world_size": dd.world,
+               "config_fingerprint": cfg.fingerprint(), "result_fingerprint": fingerprint}
     if main:
         if val is not None:
             with open(metrics_path, "a") as f:
                 f.write(json.dumps(val) + "\n")
-        atomic_write_json(out / "summary.json", summary)
+        atomic_write_json(out / "summary.json", summary)  # last: the run is finished
+        _keep_finished(out)
         state_path.unlink(missing_ok=True)
     DD.barrier(dd)
     return summary

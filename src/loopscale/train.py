@@ -37,6 +37,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -361,15 +362,20 @@ def record_failure(cfg: RunConfig, out_dir: str | Path, error: BaseException) ->
     return summary
 
 
-def result_fingerprint(cfg: RunConfig) -> str:
-    """Hash of the settings a finished run's files depend on (not eval, threads, device, ...)."""
-    d = resume_comparable(cfg.to_dict(), _RESULT_FREE)
+def result_fingerprint(cfg: RunConfig | dict, stream: dict | None = None) -> str:
+    """Hash of the settings a finished run's files depend on (not eval, threads, device, ...);
+    with `stream` (a streamed run's StreamConfig as a dict, `loopscale train-stream`) those too."""
+    d = resume_comparable(cfg if isinstance(cfg, dict) else cfg.to_dict(), _RESULT_FREE)
+    if stream is not None:
+        d = {"config": d, "stream": stream}
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def _finished_summary(out: Path, cfg: RunConfig) -> dict | None:
-    """The summary of a finished run of these settings in `out`, if there is one; a finished
-    run of other settings is refused (like a state.pt of other settings), never overwritten."""
+def _finished_summary(out: Path, fingerprint: str, legacy: Callable[[dict], bool] | None = None) -> dict | None:
+    """The summary of a finished run in `out` whose result_fingerprint is `fingerprint`, if
+    there is one (`legacy(summary)` decides for a summary written before result fingerprints);
+    a finished run of other settings is refused (like a state.pt of other settings), never
+    overwritten."""
     try:
         summary = json.loads((out / "summary.json").read_text())
     except (OSError, ValueError):
@@ -378,9 +384,9 @@ def _finished_summary(out: Path, cfg: RunConfig) -> dict | None:
             and (out / "model.pt").exists()):
         return None
     if "result_fingerprint" in summary:
-        same = summary["result_fingerprint"] == result_fingerprint(cfg)
+        same = summary["result_fingerprint"] == fingerprint
     else:  # written before result fingerprints
-        same = summary.get("config_fingerprint") == cfg.fingerprint()
+        same = legacy is not None and legacy(summary)
     if not same:
         raise CheckpointError(f"{out} holds a finished run of other settings; train with --no-resume to "
                               f"replace it, or choose another --out")
@@ -422,7 +428,7 @@ def _keep_finished(out: Path) -> None:
             os.link(out / name, out / kept)
 
 
-def _restore_finished(out: Path, cfg: RunConfig) -> bool:
+def _restore_finished(out: Path, fingerprint: str) -> bool:
     """Put back a finished run of these settings whose model.pt and summary.json were both
     deleted (see _KEPT); True when it did. Anything else the second names hold is dropped."""
     if any((out / n).exists() for n in _KEPT) or not all((out / k).is_file() for k in _KEPT.values()):
@@ -430,7 +436,7 @@ def _restore_finished(out: Path, cfg: RunConfig) -> bool:
     try:
         summary = json.loads((out / _KEPT["summary.json"]).read_text())
         same = (isinstance(summary, dict) and summary.get("status") in ("completed", "diverged")
-                and summary.get("result_fingerprint") == result_fingerprint(cfg))
+                and summary.get("result_fingerprint") == fingerprint)
     except (OSError, ValueError):
         same = False
     if not same:
@@ -466,28 +472,48 @@ def _invalidate_outputs(out: Path, fresh: bool) -> None:
             shutil.rmtree(out / "tensorboard", ignore_errors=True)
 
 
-def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: bool = True,
-          progress: bool = True) -> dict:
-    """Train one run; returns the summary dict (also written to summary.json).
-
-    The run directory is locked for the duration (a second trainer on it is refused);
-    leftovers of a killed run are removed first."""
+@contextlib.contextmanager
+def run_directory(out_dir: str | Path, what: str, fingerprint: str, *, resume: bool,
+                  legacy: Callable[[dict], bool] | None = None) -> Iterator[dict | None]:
+    """The run directory of a trainer (`loopscale train`, `loopscale train-stream`), created
+    and locked for the duration of the block (a second trainer on it is refused with one line,
+    before anything in it is touched); leftovers of a killed run are removed first. Yields the
+    summary of the finished run of these settings (`fingerprint`, see result_fingerprint) that
+    the directory holds, which the trainer returns instead of training, or None: the trainer
+    trains (resuming its state.pt). A finished run of other settings is refused (CheckpointError);
+    `resume=False` (--no-resume) trains over whatever the directory holds."""
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
         raise ConfigError(f"run directory {out} is a file or lies under one; choose another --out") from None
     main = DD.env_world()[0] == 0  # under torchrun only rank 0 writes files, so only it locks
-    with run_lock(out, "loopscale train") if main else contextlib.nullcontext():
+    with run_lock(out, what) if main else contextlib.nullcontext():
         if main:
             _clean_leftovers(out)
         if resume:
-            _restore_finished(out, cfg)
-        done = _finished_summary(out, cfg) if resume else None
+            _restore_finished(out, fingerprint)
+        done = _finished_summary(out, fingerprint, legacy) if resume else None
         if done is not None:  # these very settings are already trained: keep the run untouched
             (out / "state.pt").unlink(missing_ok=True)  # a kill between model.pt and its removal
+            if main:
+                logger.info("%s is already finished (%s, %s steps): kept as it is, not trained again; "
+                            "train with --no-resume to retrain it", out, done.get("status"), done.get("steps"))
+        yield done
+
+
+def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: bool = True,
+          progress: bool = True) -> dict:
+    """Train one run; returns the summary dict (also written to summary.json).
+
+    The run directory is locked for the duration (a second trainer on it is refused);
+    leftovers of a killed run are removed first; a finished run of these settings is
+    returned as it is (run_directory)."""
+    with run_directory(out_dir, "loopscale train", result_fingerprint(cfg), resume=resume,
+                       legacy=lambda summary: summary.get("config_fingerprint") == cfg.fingerprint()) as done:
+        if done is not None:
             return done
-        return _train(cfg, data_dir, out, resume=resume, progress=progress)
+        return _train(cfg, data_dir, Path(out_dir), resume=resume, progress=progress)
 
 
 def _train(cfg: RunConfig, data_dir: str | Path, out: Path, *, resume: bool, progress: bool) -> dict:

@@ -648,10 +648,6 @@ def _rel(path: Path, root: Optional[Path]) -> str:
     return str(path)
 
 
-def table_markdown(t: Table) -> str:
-    return f"## {t.title}\n\n{t.md}"
-
-
 def write_tables(tables: list[Table], out_dir: Path) -> list[Path]:
     """`<name>.csv` and `<name>.md` per table (atomic); returns the paths written."""
     out_dir = Path(out_dir)
