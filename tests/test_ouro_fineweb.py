@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from loopscale import fineweb as FW
+from loopscale import train_stream as TS
 from loopscale import io as IO
 from loopscale.config import ConfigError, preset
 
@@ -85,10 +86,10 @@ def test_stream_from_parquet_and_exact_resume(corpus):
 
 
 def test_cosine_schedule_with_warmup():
-    assert FW.cosine_lr(1, 10, 100, 3e-4, 3e-5) == pytest.approx(3e-5)
-    assert FW.cosine_lr(10, 10, 100, 3e-4, 3e-5) == pytest.approx(3e-4)
-    assert FW.cosine_lr(55, 10, 100, 3e-4, 3e-5) == pytest.approx(3e-5 + 0.5 * 2.7e-4)
-    assert FW.cosine_lr(100, 10, 100, 3e-4, 3e-5) == pytest.approx(3e-5)
+    assert TS.cosine_lr(1, 10, 100, 3e-4, 3e-5) == pytest.approx(3e-5)
+    assert TS.cosine_lr(10, 10, 100, 3e-4, 3e-5) == pytest.approx(3e-4)
+    assert TS.cosine_lr(55, 10, 100, 3e-4, 3e-5) == pytest.approx(3e-5 + 0.5 * 2.7e-4)
+    assert TS.cosine_lr(100, 10, 100, 3e-4, 3e-5) == pytest.approx(3e-5)
 
 
 def test_bad_settings_are_one_line_errors(corpus, tmp_path):
@@ -112,10 +113,10 @@ def run_cfg(**train):
 def test_streamed_run_resumes_bit_for_bit(corpus, tmp_path, monkeypatch):
     root, _, _ = corpus
     s = settings(root)
-    full = FW.train_stream(run_cfg(), s, tmp_path / "full")
+    full = TS.train_stream(run_cfg(), s, tmp_path / "full")
     assert full["status"] == "completed" and full["chunks_consumed_per_rank"] == 16
     lrs = [json.loads(l)["lr"] for l in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
-    assert lrs == pytest.approx([FW.cosine_lr(k, 2, 4, 3e-3, 3e-5) for k in range(1, 5)])
+    assert lrs == pytest.approx([TS.cosine_lr(k, 2, 4, 3e-3, 3e-5) for k in range(1, 5)])
 
     orig = IO.atomic_torch_save
 
@@ -125,10 +126,10 @@ def test_streamed_run_resumes_bit_for_bit(corpus, tmp_path, monkeypatch):
             raise KeyboardInterrupt
     monkeypatch.setattr(IO, "atomic_torch_save", stop_after_state)
     with pytest.raises(KeyboardInterrupt):
-        FW.train_stream(run_cfg(), s, tmp_path / "cut")
+        TS.train_stream(run_cfg(), s, tmp_path / "cut")
     monkeypatch.setattr(IO, "atomic_torch_save", orig)
     assert IO.load_checkpoint(tmp_path / "cut" / "state.pt")["consumed"] == [8]
-    resumed = FW.train_stream(run_cfg(), s, tmp_path / "cut")
+    resumed = TS.train_stream(run_cfg(), s, tmp_path / "cut")
     assert resumed["steps"] == 4
     a = IO.load_checkpoint(tmp_path / "full" / "model.pt")["model"]
     b = IO.load_checkpoint(tmp_path / "cut" / "model.pt")["model"]
@@ -136,17 +137,17 @@ def test_streamed_run_resumes_bit_for_bit(corpus, tmp_path, monkeypatch):
     # a state.pt of other settings is refused; one of a longer max_steps resumes
     monkeypatch.setattr(IO, "atomic_torch_save", stop_after_state)
     with pytest.raises(KeyboardInterrupt):
-        FW.train_stream(run_cfg(), s, tmp_path / "other")
+        TS.train_stream(run_cfg(), s, tmp_path / "other")
     monkeypatch.setattr(IO, "atomic_torch_save", orig)
     with pytest.raises(ConfigError, match="other settings"):
-        FW.train_stream(run_cfg(lr=1e-3), s, tmp_path / "other")
-    assert FW.train_stream(run_cfg(max_steps=5), s, tmp_path / "other")["steps"] == 5
+        TS.train_stream(run_cfg(lr=1e-3), s, tmp_path / "other")
+    assert TS.train_stream(run_cfg(max_steps=5), s, tmp_path / "other")["steps"] == 5
 
 
 def test_pure_bf16_and_evaluation_of_a_streamed_run(corpus, tmp_path):
     root, _, _ = corpus
     s = settings(root, pure_bf16=True)
-    r = FW.train_stream(run_cfg(max_steps=2, activation_checkpointing=True), s, tmp_path / "run")
+    r = TS.train_stream(run_cfg(max_steps=2, activation_checkpointing=True), s, tmp_path / "run")
     assert r["status"] == "completed"
     ck = IO.load_checkpoint(tmp_path / "run" / "model.pt")
     assert ck["model"]["model.layers.0.mlp.up_proj.weight"].dtype == torch.bfloat16
@@ -208,7 +209,7 @@ def test_sigterm_checkpoints_a_streamed_run_that_then_resumes_exactly(corpus, tm
     cfg = lambda: preset("ouro-smoke", {"model": {"seq_len": 16, "dropout": 0.2},  # noqa: E731
                                         "train": {"batch_size": 4, "max_steps": 6, "ckpt_every": 100,
                                                   "log_every": 1, "lr": 3e-3}})
-    FW.train_stream(cfg(), s, tmp_path / "full")
+    TS.train_stream(cfg(), s, tmp_path / "full")
     real, calls = T.train_step, [0]
 
     def terminated_in_step_3(*a, **kw):
@@ -218,13 +219,13 @@ def test_sigterm_checkpoints_a_streamed_run_that_then_resumes_exactly(corpus, tm
         return real(*a, **kw)
     monkeypatch.setattr(T, "train_step", terminated_in_step_3)
     with pytest.raises(T.Preempted, match=r"SIGTERM at step 3/6: state saved to .*state\.pt"):
-        FW.train_stream(cfg(), s, tmp_path / "cut")
+        TS.train_stream(cfg(), s, tmp_path / "cut")
     monkeypatch.setattr(T, "train_step", real)
     assert signal.getsignal(signal.SIGTERM) is not None and calls[0] == 3  # handler restored, stopped at once
     state = IO.load_checkpoint(tmp_path / "cut" / "state.pt")
     assert state["step"] == 3 and state["consumed"] == [12] and "optimizer" in state and state["rng_ranks"]
     assert not (tmp_path / "cut" / "model.pt").exists() and [r["step"] for r in metrics(tmp_path / "cut")] == [1, 2, 3]
-    resumed = FW.train_stream(cfg(), s, tmp_path / "cut")
+    resumed = TS.train_stream(cfg(), s, tmp_path / "cut")
     assert resumed["status"] == "completed" and resumed["steps"] == 6 and resumed["chunks_consumed_per_rank"] == 24
     same_training(tmp_path / "full", tmp_path / "cut")
     assert not (tmp_path / "cut" / "state.pt").exists()
@@ -237,7 +238,7 @@ def test_a_crash_between_checkpoints_resumes_without_duplicate_log_records(corpu
     root, _, _ = corpus
     s = settings(root)
     cfg = lambda: run_cfg(max_steps=5, ckpt_every=2)  # noqa: E731
-    FW.train_stream(cfg(), s, tmp_path / "full")
+    TS.train_stream(cfg(), s, tmp_path / "full")
     real, calls = T.train_step, [0]
 
     def killed_after_step_3(*a, **kw):
@@ -247,11 +248,11 @@ def test_a_crash_between_checkpoints_resumes_without_duplicate_log_records(corpu
         return real(*a, **kw)
     monkeypatch.setattr(T, "train_step", killed_after_step_3)
     with pytest.raises(KeyboardInterrupt):
-        FW.train_stream(cfg(), s, tmp_path / "cut")
+        TS.train_stream(cfg(), s, tmp_path / "cut")
     monkeypatch.setattr(T, "train_step", real)
     assert IO.load_checkpoint(tmp_path / "cut" / "state.pt")["step"] == 2
     assert [r["step"] for r in metrics(tmp_path / "cut")] == [1, 2, 3]
-    FW.train_stream(cfg(), s, tmp_path / "cut")
+    TS.train_stream(cfg(), s, tmp_path / "cut")
     same_training(tmp_path / "full", tmp_path / "cut")
 
 
@@ -348,7 +349,7 @@ def test_a_streamed_runs_hugging_face_config_names_its_tokenizers_own_token_ids(
     from loopscale.artifacts import role_token_ids
     root, _, _ = corpus
     ouro_like_tokenizer(tmp_path / "ouro")
-    FW.train_stream(run_cfg(max_steps=1), settings(root, tokenizer=str(tmp_path / "ouro")), tmp_path / "run")
+    TS.train_stream(run_cfg(max_steps=1), settings(root, tokenizer=str(tmp_path / "ouro")), tmp_path / "run")
     hf = json.loads((tmp_path / "run" / "config.json").read_text())
     assert (hf["bos_token_id"], hf["eos_token_id"], hf["pad_token_id"]) == (None, 0, None)
     assert json.loads((tmp_path / "run" / "tokenizer_config.json").read_text())["eos_token"] == "<|endoftext|>"

@@ -24,7 +24,7 @@ from .config import ConfigError, RunConfig, resolve
 
 # modules that contribute sub-commands via add_cli(subparsers); missing ones are skipped
 _COMMAND_MODULES = ["loopscale.diagnostics", "loopscale.report", "loopscale.bench", "loopscale.artifacts",
-                    "loopscale.generate", "loopscale.convert", "loopscale.fineweb", "loopscale.ouro_tools"]
+                    "loopscale.generate", "loopscale.convert", "loopscale.train_stream", "loopscale.ouro_tools"]
 
 
 def add_config_args(p: argparse.ArgumentParser) -> None:

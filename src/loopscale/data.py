@@ -15,7 +15,7 @@ The data path of a run has three steps:
      folder laid out like the Hub repository (or another hub id) instead.
    - ``text-files``: the user's own ``data.train_file`` / ``data.validation_file`` /
      optional ``data.test_file`` (UTF-8 plain text; WikiText raw files work as they are).
-   - ``fineweb``: Appendix B's corpus, streamed by the trainer (`loopscale.fineweb`, ``loopscale
+   - ``fineweb``: Appendix B's corpus, streamed by the trainer (`loopscale.train_stream`, ``loopscale
      train-stream``), tokenised with ``data.pretrained_tokenizer`` (the Ouro tokenizer). Here only
      the held-out documents are read: the stream's first ``data.heldout_documents`` (file order;
      the trainer never sees them) that pass the official filter, validation then test; no train

@@ -233,7 +233,7 @@ def global_mean(res: LossOutput, dd: DD.Dist) -> LossOutput:
 
 class SigtermFlag:
     """Turns SIGTERM (SLURM preemption / time limit) into a flag checked between steps: both
-    trainers (`train` and `fineweb.train_stream`) run their loop under it and call
+    trainers (`train` and `train_stream.train_stream`) run their loop under it and call
     `stop_if_raised` after every optimiser step."""
 
     def __init__(self):

@@ -47,7 +47,7 @@ try:
     SRC = os.path.relpath(os.path.join(workflow.basedir, "src"))
     DATA_CODE, TRAIN_CODE, EVAL_CODE, REPORT_CODE = (P.stage_code(s, SRC) for s in ("data", "train", "eval", "report"))
     if EXP.streamed:  # data.source=fineweb: the streaming trainer (loopscale train-stream)
-        TRAIN_CODE = P.module_files("loopscale.fineweb", SRC)
+        TRAIN_CODE = P.module_files("loopscale.train_stream", SRC)
     OURO_CODE = P.module_files("loopscale.ouro_tools", SRC)  # ouro-depth, ouro-downstream
 except (P.ParamsError, P.LockedError, ImportError) as e:
     sys.stderr.write(f"loopscale pipeline: error: {e}\n")
