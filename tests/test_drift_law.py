@@ -97,6 +97,7 @@ def test_cli_writes_the_report_and_refuses_bad_input_in_one_line(tmp_path):
     assert list(table.kind) == ["held-out", "paper", "paper"]
     assert (table[table.kind == "paper"].step.tolist() == [paper_steps(), paper_steps(batch_size=32)])
     assert (out / "drift_law.png").stat().st_size > 1000
+    assert "Made by `loopscale report drift-law --results" in md and "git commit" in md
     assert "Per configuration" in md and len(pd.read_csv(out / "drift_law_configs.csv")) == len(STUDY) + 1
     bad = subprocess.run(cmd[:6] + [str(tmp_path / "missing"), "--out", str(out)], capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "train_norms.csv: no such file" in bad.stderr

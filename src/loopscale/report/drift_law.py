@@ -407,9 +407,13 @@ def report(results_dirs, out_dir, holdout: Optional[str] = None, condition_id: s
                  f"words × ≈{paper.PAPER_TOKENS_PER_WORD} tokens per word), 4 epochs of 257-token windows every 128 "
                  f"tokens. An extrapolation over one to two orders of magnitude in steps and width, not a "
                  f"measurement.\n")
+    from .. import __version__
+    from ..io import atomic_write_text, git_commit
+    cmd = ("loopscale report drift-law --results " + " ".join(str(d) for d in results_dirs)
+           + (f" --holdout {holdout}" if holdout else "") + f" --out {out_dir}")
+    lines.append(f"Made by `{cmd}` (loopscale {__version__}, git commit {git_commit() or 'unknown'}).\n")
     md = "\n".join(lines)
     out.mkdir(parents=True, exist_ok=True)
-    from ..io import atomic_write_text
     atomic_write_text(out / "drift_law.md", md)
     atomic_write_text(out / "drift_law.csv", pd.DataFrame(rows).to_csv(index=False))
     atomic_write_text(out / "drift_law_configs.csv", cfg.to_csv(index=False))
