@@ -442,6 +442,9 @@ def _figure(law: DriftLaw, preds: list, ho: Optional[HeldOut], path: Path) -> No
         ax.plot([p.step], [v], marker="*", ms=13, color="k", mfc="w", ls="")
         ax.annotate(f"paper {name}: {v:,}", (p.step, v), xytext=(-8, 6), textcoords="offset points", ha="right",
                     fontsize=8)
+        elo, ehi = p.exponent_spread
+        if math.isfinite(elo):  # each configuration's own time exponent, drawn just left of the band
+            ax.plot([p.step * 0.9] * 2, [elo, ehi], color="0.55", lw=3, alpha=0.6, solid_capstyle="butt")
         lo, hi = p.band
         if math.isfinite(lo):
             ax.errorbar([p.step], [math.sqrt(lo * hi)], yerr=[[math.sqrt(lo * hi) - lo], [hi - math.sqrt(lo * hi)]],
@@ -456,8 +459,8 @@ def _figure(law: DriftLaw, preds: list, ho: Optional[HeldOut], path: Path) -> No
     ax.set_yscale("log")
     ax.set_xlabel("training step (log)")
     ax.set_ylabel("‖H_K‖ on the training batch (log)")
-    ax.set_title("Drift law across experiments (solid: power, dashed: log law; red: band at the paper's targets)",
-                 fontsize=9)
+    ax.set_title("Drift law across experiments (solid: power, dashed: log law; red: 95% band at the paper's "
+                 "targets,\ngrey: the exponent spread, each configuration's own time exponent)", fontsize=9)
     ax.legend(fontsize=7, frameon=False)
     fig.savefig(path, dpi=120)
     fig.savefig(path.with_suffix(".pdf"))
