@@ -51,6 +51,28 @@ def test_the_smoke_time_quoted_is_the_recorded_one():
     assert rec["command"] == "make smoke" and " ".join(rec["quoted"].split()) in " ".join(README.split())
 
 
+
+def test_the_drift_law_figures_quoted_are_the_committed_ones():
+    """The README's drift-law numbers are results/drift_law/drift_law.csv's, at the rounding
+    it quotes them (held-out band to 10, the paper bands to 100)."""
+    import pandas as pd
+    t = pd.read_csv(REPO / "results" / "drift_law" / "drift_law.csv").set_index("kind", append=True)
+    text = " ".join(README.split())
+
+    def r(x, to):
+        return f"{int(round(x / to) * to):,}"
+    ho = t.xs("held-out", level="kind").iloc[0]
+    assert f"predicted {r(ho.band_low, 10)}–{r(ho.band_high, 10)} at step {int(ho.step):,}" in text
+    assert f"measured {r(ho.observed, 1)} ({ho.observed / (ho.band_low * ho.band_high) ** 0.5:.2f}×" in text
+    paper = t.xs("paper", level="kind").set_index("target")
+    for name in ("44M", "129M"):
+        row = paper.loc[name]
+        assert f"{r(row.band_low, 100)}–{r(row.band_high, 100)} for the {name} model" in text
+    spread = [f"{r(paper.loc[n].exponent_spread_low, 100)}–{r(paper.loc[n].exponent_spread_high, 1000 if n == '129M' else 100)}"
+              for n in ("44M", "129M")]
+    assert f"the range is {spread[0]} and {spread[1]}" in text
+
+
 @pytest.mark.slow
 def test_the_readme_runs_as_written(tmp_path):
     repo = copy_worktree(tmp_path / "repo")
