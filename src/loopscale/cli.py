@@ -34,6 +34,18 @@ def add_config_args(p: argparse.ArgumentParser) -> None:
                    help="override a setting, e.g. --set model.readout=raw (repeatable)")
 
 
+def add_run_dir_args(p: argparse.ArgumentParser, quiet_help: str) -> None:
+    """The options of a command that trains into a run directory (`train`, `train-stream`)."""
+    p.add_argument("--no-resume", action="store_true", help="ignore an existing state.pt")
+    p.add_argument("--quiet", "-q", action="store_true", help=quiet_help)
+    p.add_argument("--record-failure", action="store_true",
+                   help="on a crash, write summary.json with status 'failed' and exit 0 (pipeline use)")
+    p.add_argument("--drop-stale-state", action="store_true",
+                   help="delete a state.pt written with other training settings instead of refusing it (pipeline use)")
+    p.add_argument("--stop-with-parent", action="store_true",
+                   help="stop as on SIGTERM (checkpoint, exit 143) when the parent process dies (pipeline use)")
+
+
 def config_from_args(args) -> RunConfig:
     return resolve(args.config, args.preset, args.overrides)
 
@@ -179,15 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_args(p)
     p.add_argument("--data", required=True, help="prepared data directory")
     p.add_argument("--out", required=True, help="run directory")
-    p.add_argument("--no-resume", action="store_true", help="ignore an existing state.pt")
-    p.add_argument("--quiet", "-q", action="store_true",
-                   help="no progress bar (progress is then logged every train.log_every steps)")
-    p.add_argument("--record-failure", action="store_true",
-                   help="on a crash, write summary.json with status 'failed' and exit 0 (pipeline use)")
-    p.add_argument("--drop-stale-state", action="store_true",
-                   help="delete a state.pt written with other training settings instead of refusing it (pipeline use)")
-    p.add_argument("--stop-with-parent", action="store_true",
-                   help="stop as on SIGTERM (checkpoint, exit 143) when the parent process dies (pipeline use)")
+    add_run_dir_args(p, quiet_help="no progress bar (progress is then logged every train.log_every steps)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("params", help="print the parameter count")

@@ -262,12 +262,6 @@ def add_cli(subparsers) -> None:
     p.add_argument("--out", required=True, help="run directory")
     p.add_argument("--val-data", "--data", dest="val_data",
                    help="a prepared data directory (same tokenizer) for validation")
-    p.add_argument("--no-resume", action="store_true", help="ignore an existing state.pt")
-    p.add_argument("--quiet", "-q", action="store_true", help="accepted for the pipeline (progress is logged)")
-    p.add_argument("--record-failure", action="store_true",
-                   help="on a crash, write summary.json with status 'failed' and exit 0 (pipeline use)")
-    p.add_argument("--drop-stale-state", action="store_true",
-                   help="delete a state.pt written with other training settings instead of refusing it (pipeline use)")
-    p.add_argument("--stop-with-parent", action="store_true",
-                   help="stop as on SIGTERM (checkpoint, exit 143) when the parent process dies (pipeline use)")
+    from .cli import add_run_dir_args
+    add_run_dir_args(p, quiet_help="accepted for the pipeline (progress is logged)")
     p.set_defaults(func=cmd_train_stream)
