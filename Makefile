@@ -41,11 +41,15 @@ drift-law: setup
 	$(BIN)/loopscale report drift-law --results results/cpu_confirm results/cpu_confirm_lr results/cpu_long_drift \
 		--holdout cpu_long_drift --out results/drift_law
 
+# the suite on TEST_WORKERS pytest-xdist workers (2: CI's cores; TEST_WORKERS=0 runs it in one
+# process), one CPU thread each (tests/conftest.py)
+TEST_WORKERS ?= 2
+
 test: setup
-	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest
+	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -n $(TEST_WORKERS)
 
 test-fast: setup
-	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -m "not slow"
+	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not slow"
 
 bench: setup
 	$(BIN)/loopscale bench --preset cpu

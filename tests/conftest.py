@@ -1,8 +1,14 @@
-"""Shared fixtures. Tests never reach the network: the hub is forced offline."""
+"""Shared fixtures. Tests never reach the network: the hub is forced offline.
+
+`make test` runs the suite on two pytest-xdist workers (`-n 2`): each worker and every
+process it starts uses one CPU thread, and a test file runs whole on one worker (below)."""
 import os
 
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ["HF_HUB_OFFLINE"] = "1"
+if os.environ.get("PYTEST_XDIST_WORKER"):  # before torch is imported: read once, at import
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(var, "1")
 
 import sys
 from pathlib import Path
@@ -13,6 +19,48 @@ from loopscale import data as D
 from loopscale.config import DataConfig
 
 REPO = Path(__file__).resolve().parents[1]
+# Under pytest-xdist (make test: -n 2) a work unit is a test file, run whole on one worker (its
+# module fixtures are built once), and the SLURM test files are one unit: each uses the one
+# SLURM test cluster of the machine (tests/slurm_cluster.py), which a second worker would start
+# and stop under the first. The longest units go first, so that the short files fill in around
+# them instead of one long test finishing alone at the end (the order changes the wall time only).
+SLURM_FILES = "test_slurm_"
+LONG_FIRST = ("tests/test_pipeline.py", "tests/test_readme.py", "slurm", "tests/test_ouro_pipeline.py",
+              "tests/test_dvc_exp.py", "tests/test_harness.py")
+
+
+def work_unit(nodeid: str) -> str:
+    """The xdist work unit of a test: its file, or "slurm" for every SLURM test file."""
+    path = nodeid.split("::", 1)[0]
+    return "slurm" if Path(path).name.startswith(SLURM_FILES) else path
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    from xdist.scheduler import LoadScopeScheduling
+
+    class WorkUnitScheduling(LoadScopeScheduling):  # LoadFileScheduling, with the SLURM unit
+        def _split_scope(self, nodeid):
+            return work_unit(nodeid)
+    return WorkUnitScheduling(config, log)
+
+
+def pytest_configure(config):
+    if config.pluginmanager.hasplugin("xdist"):
+        config.option.loadscopereorder = False  # the collection's order (below), not the units' sizes
+
+
+def pytest_collection_modifyitems(config, items):
+    """On an xdist worker (where the collection is made): the longest units first; a test that
+    uses the SLURM test cluster outside a SLURM test file is refused (it would run beside them)."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    for item in items:
+        if "slurm_cluster" in item.fixturenames and work_unit(item.nodeid) != "slurm":
+            raise pytest.UsageError(f"{item.nodeid} uses the SLURM test cluster: put it in a "
+                                    f"tests/{SLURM_FILES}*.py file (tests/conftest.py)")
+    rank = {u: i for i, u in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(work_unit(item.nodeid), len(rank)))  # stable: the rest keep their order
 
 
 @pytest.fixture(scope="session")

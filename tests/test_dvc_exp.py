@@ -1,5 +1,6 @@
 """DVC experiments that compare: two `dvc exp run` of the smoke stage with different settings
-(through exp.yaml, the `-S` surface) in a temporary git repository copy of the working tree;
+(through exp.yaml, the `-S` surface) in a copy of the session's completed smoke workspace
+(tests/test_pipeline.py); each retrains every run at its setting, `dvc metrics show` changes,
 `dvc exp show --json` then lists both side by side with different metric values under stable
 `<condition>.<metric>` names, and the commented params.yaml is left byte-identical."""
 from __future__ import annotations
@@ -10,7 +11,9 @@ import pytest
 import yaml
 
 from loopscale import pipeline as P
-from test_pipeline import DVC, REPO, SCHEMA, copy_worktree, run
+from test_dvc_metrics import metrics_of
+from test_pipeline import (DVC, REPO, SCHEMA, copy_worktree, fresh_copy, run, smoke_local,  # noqa: F401  (fixture)
+                           smoke_runs)
 
 CONDITIONS = {"rmsnorm-per_loop-none-residual", "raw-per_loop-none-residual"}
 
@@ -60,13 +63,20 @@ def test_a_bad_exp_yaml_is_one_line(tmp_path, settings, message):
 
 
 @pytest.mark.slow
-def test_two_experiments_compare_side_by_side(tmp_path):
-    repo = copy_worktree(tmp_path / "repo")
+def test_two_experiments_compare_side_by_side(smoke_local, tmp_path):  # noqa: F811
+    repo = fresh_copy(smoke_local[0], tmp_path / "repo")
     params_before = (repo / "params.yaml").read_bytes()
+    before = metrics_of(repo)
     for name, steps in (("short", 4), ("long", 12)):
         run([DVC, "exp", "run", "smoke", "-n", name, "-S", f"exp.yaml:smoke.train.max_steps={steps}"], repo,
             timeout=1200)
-    assert (repo / "params.yaml").read_bytes() == params_before  # -S edits exp.yaml only
+        assert (repo / "params.yaml").read_bytes() == params_before  # -S edits exp.yaml only
+        assert yaml.safe_load((repo / "exp.yaml").read_text())["smoke"]["train"]["max_steps"] == steps
+        for r in smoke_runs(repo):
+            assert json.loads((r / "summary.json").read_text())["steps"] == steps  # retrained at the new setting
+        after = metrics_of(repo)
+        assert after.keys() == before.keys() and after != before
+        before = after
     exps = _experiments(json.loads(run([DVC, "exp", "show", "--json"], repo).stdout))
     assert {"short", "long"} <= set(exps), list(exps)
     (p_short, m_short), (p_long, m_long) = exps["short"], exps["long"]

@@ -114,11 +114,9 @@ def make_run(root: Path, readout="rmsnorm", loss="per_loop", regularizer="none",
     return d
 
 
-@pytest.fixture
-def grid(tmp_path) -> Path:
+def make_grid(root: Path) -> Path:
     """A small grid: 2 seeds of the drifting and the raw model, 1 diverged and 1 failed seed,
     one run without any eval file, and an inter-loop run."""
-    root = tmp_path / "runs"
     make_run(root, seed=1, exit_ppl=(10.0, 10.0, 10.0), norm_k=(50.0, 300.0, 1000.0))
     make_run(root, seed=2, exit_ppl=(12.0, 12.0, 12.0), norm_k=(50.0, 300.0, 1400.0))
     make_run(root, seed=3, status="diverged", diverged_at=17)
@@ -127,6 +125,18 @@ def grid(tmp_path) -> Path:
     make_run(root, readout="raw", seed=2, exit_ppl=(30.0, 12.0, 8.0), norm_k=(5.0, 8.0, 12.0), diags=())
     make_run(root, recurrence="inter_loop_norm", seed=1, exit_ppl=(20.0, 11.0, 9.0), norm_k=(6.0, 7.0, 8.0))
     return root
+
+
+@pytest.fixture
+def grid(tmp_path) -> Path:
+    return make_grid(tmp_path / "runs")
+
+
+@pytest.fixture(scope="module")
+def figures(tmp_path_factory) -> list[Path]:
+    """write_figures on the grid, once for the module: the PNGs it returns, with their PDFs."""
+    d = tmp_path_factory.mktemp("figures")
+    return write_figures(runs_of(make_grid(d / "runs")), d / "fig")
 
 
 def runs_of(root: Path):
@@ -354,15 +364,15 @@ def test_combine_verdicts():
 # ---------------------------------------------------------------------------
 # figures, CLI, determinism
 # ---------------------------------------------------------------------------
-def test_figures_are_valid_pngs(grid, tmp_path):
+def test_figures_are_valid_pngs(figures):
     import matplotlib.image as mpimg
-    paths = write_figures(runs_of(grid), tmp_path / "fig")
+    paths = figures
     assert sorted(p.name for p in paths) == sorted(f"{n}.png" for n in FIGURES)
     for p in paths:
         assert p.read_bytes().startswith(PNG_MAGIC)
         img = mpimg.imread(p)
         assert img.shape[0] > 200 and img.shape[1] > 300
-    assert not list((tmp_path / "fig").glob(".*"))  # no temp files left
+    assert not list(paths[0].parent.glob(".*"))  # no temp files left
 
 
 def _snapshot(d: Path) -> dict:
@@ -475,8 +485,9 @@ def test_drift_table_extrapolates_with_an_interval(tmp_path):
     assert "too few log records" in t.md and "extrapolation" in t.md
 
 
-def test_every_figure_also_as_pdf(grid, tmp_path):
-    paths = write_figures(runs_of(grid), tmp_path / "fig")
+def test_every_figure_also_as_pdf(figures):
+    paths = figures
+    assert paths
     for p in paths:
         pdf = p.with_suffix(".pdf")
         assert pdf.read_bytes().startswith(b"%PDF-"), pdf

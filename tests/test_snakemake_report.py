@@ -3,6 +3,7 @@ every table, with captions and categories (Snakemake's report(), workflow/rules/
 from __future__ import annotations
 
 import re
+import shutil
 import zipfile
 
 import pytest
@@ -16,8 +17,14 @@ TABLES = ["claims", "main", "depth", "norms", "norm_loops", "radial", "lemma", "
 pytestmark = pytest.mark.slow
 
 
-def test_zip_report_holds_figures_tables_and_claims(smoke_local, tmp_path):  # noqa: F811
-    repo = smoke_local[0]
+@pytest.fixture(scope="module")
+def repo(smoke_local, tmp_path_factory):  # noqa: F811
+    """A copy of the session's smoke workspace, Snakemake's metadata kept: the workspace is
+    shared with other tests (and pytest-xdist workers), and a snakemake run writes into it."""
+    return shutil.copytree(smoke_local[0], tmp_path_factory.mktemp("report") / "repo", symlinks=True)
+
+
+def test_zip_report_holds_figures_tables_and_claims(repo, tmp_path):
     smk(repo, *SMOKE, "--report", str(tmp_path / "report.zip"))
     with zipfile.ZipFile(tmp_path / "report.zip") as z:
         names = z.namelist()
@@ -32,8 +39,7 @@ def test_zip_report_holds_figures_tables_and_claims(smoke_local, tmp_path):  # n
     assert '"Claims"' in index and '"Figures"' in index and '"Tables"' in index
 
 
-def test_html_report_embeds_figures_with_captions_and_claims_first(smoke_local, tmp_path):  # noqa: F811
-    repo = smoke_local[0]
+def test_html_report_embeds_figures_with_captions_and_claims_first(repo, tmp_path):
     smk(repo, *SMOKE, "--report", str(tmp_path / "report.html"))
     html = (tmp_path / "report.html").read_text()
     assert len(re.findall(r"data:image/png;[^,\"]*base64,iVBORw0KGgo", html)) == len(FIGURES)  # embedded PNGs
