@@ -865,7 +865,9 @@ def test_snakemake_interrupted_alone_never_retrains_a_finished_run(tmp_path):
     proc = subprocess.Popen([SNAKEMAKE, target, "--cores", "1", *SMOKE], cwd=repo, env=pipeline_env(repo),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     t0 = time.monotonic()
-    while not (run_dir / "config.json").exists():  # the training job has started
+    # the training job is under way: its first log record is written (config.json would be too
+    # late: it is the last file a finished run writes)
+    while not ((run_dir / "metrics.jsonl").exists() and (run_dir / "metrics.jsonl").stat().st_size):
         assert proc.poll() is None and time.monotonic() - t0 < 300, proc.stdout.read()
         time.sleep(0.05)
     proc.send_signal(signal.SIGINT)
