@@ -363,19 +363,35 @@ def test_names_are_matched_in_full(params, tmp_path):
         P._check_names(p, "params.yaml")
 
 
-def test_drop_stale_state(tmp_path):
-    """`loopscale train --drop-stale-state` (the training job) deletes a state.pt of other
-    training settings and keeps one it can resume."""
-    from loopscale.io import atomic_torch_save
+def test_drop_stale_state(tmp_path, smoke_data, capsys):
+    """`--drop-stale-state` (the training jobs) deletes a state.pt of other training settings
+    (for a streamed run, of other stream settings too) and keeps one it can resume; it acts only
+    once the run directory is locked, so a running trainer's state.pt is never deleted."""
+    from loopscale import cli
+    from loopscale.io import atomic_torch_save, run_lock
+    from loopscale.train import drop_stale
     cfg = C.preset("smoke")
     state = tmp_path / "state.pt"
     atomic_torch_save(state, {"model": {}, "config": cfg.to_dict(), "step": 3})
-    assert not P.drop_stale_state(tmp_path, C.preset("smoke", {"train": {"eval_batch_size": 3}})) and state.exists()
+    assert not drop_stale(tmp_path, C.preset("smoke", {"train": {"eval_batch_size": 3}})) and state.exists()
     old = {**cfg.to_dict(), "eval": {"max_tokens": 4096}}  # a state.pt from before eval left the run config
     atomic_torch_save(state, {"model": {}, "config": old, "step": 3})
-    assert not P.drop_stale_state(tmp_path, cfg) and state.exists()
-    assert P.drop_stale_state(tmp_path, C.preset("smoke", {"train": {"lr": 1e-4}})) and not state.exists()
-    assert not P.drop_stale_state(tmp_path, cfg)
+    assert not drop_stale(tmp_path, cfg) and state.exists()
+    assert drop_stale(tmp_path, C.preset("smoke", {"train": {"lr": 1e-4}})) and not state.exists()
+    assert not drop_stale(tmp_path, cfg)
+    atomic_torch_save(state, {"model": {}, "config": cfg.to_dict(), "stream": {"min_chars": 50}, "step": 3})
+    assert not drop_stale(tmp_path, cfg, {"stream": {"min_chars": 50}}) and state.exists()
+    assert drop_stale(tmp_path, cfg, {"stream": {"min_chars": 10}}) and not state.exists()
+    # a held run: the second trainer is refused before it looks at state.pt, which stays
+    run = tmp_path / "run"
+    run.mkdir()
+    atomic_torch_save(run / "state.pt", {"model": {}, "config": cfg.to_dict(), "step": 3})
+    before = (run / "state.pt").read_bytes()
+    with run_lock(run, "loopscale train"):
+        rc = cli.main(["train", "--preset", "smoke", "--set", "train.lr=1e-4", "--data", str(smoke_data),
+                       "--out", str(run), "-q", "--drop-stale-state"])
+    assert rc == 2 and "is in use by loopscale train" in capsys.readouterr().err
+    assert (run / "state.pt").read_bytes() == before
 
 
 def test_no_preset_alias(params, tmp_path):

@@ -131,11 +131,9 @@ def cmd_train(args) -> int:
     if args.stop_with_parent:
         from .train import stop_with_parent
         stop_with_parent()
-    if args.drop_stale_state:
-        from .pipeline import drop_stale_state
-        drop_stale_state(args.out, cfg)
     summary = train_or_record(cfg, args, lambda: train(cfg, args.data, args.out, resume=not args.no_resume,
-                                                       progress=not args.quiet))
+                                                       progress=not args.quiet,
+                                                       drop_stale_state=args.drop_stale_state))
     if summary is not None and env_world()[0] == 0:
         print(json.dumps({k: summary[k] for k in ("status", "steps", "wall_time_s")}))
     return 0

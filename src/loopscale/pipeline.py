@@ -804,30 +804,6 @@ def stage_code(stage: str, src: str | os.PathLike = "src") -> list[str]:
 # ---------------------------------------------------------------------------
 # job-side helpers: python -m loopscale.pipeline <command>
 # ---------------------------------------------------------------------------
-def drop_stale_state(run_dir: str | os.PathLike, cfg: RunConfig) -> bool:
-    """Delete RUN/state.pt when it was written with other training settings than `cfg`
-    (a config change makes it useless; resuming it would raise). Used by
-    `loopscale train --drop-stale-state`, the pipeline's training job.
-
-    Returns True when it was deleted."""
-    state = Path(run_dir) / "state.pt"
-    if not state.exists():
-        return False
-    from .io import CheckpointError, load_checkpoint
-    from .train import resume_comparable
-
-    try:
-        ck = load_checkpoint(state)
-        same = resume_comparable(ck["config"]) == resume_comparable(cfg.to_dict())
-    except (CheckpointError, KeyError):
-        same = False
-    if not same:
-        state.unlink()
-        print(f"loopscale pipeline: {state} belonged to other settings; training starts over", file=sys.stderr)
-        return True
-    return False
-
-
 def main(argv: Optional[list[str]] = None) -> int:
     p = argparse.ArgumentParser(prog="python -m loopscale.pipeline", description="pipeline helpers")
     sub = p.add_subparsers(dest="cmd", required=True)

@@ -472,16 +472,43 @@ def _invalidate_outputs(out: Path, fresh: bool) -> None:
             shutil.rmtree(out / "tensorboard", ignore_errors=True)
 
 
+def drop_stale(run_dir: str | Path, cfg: RunConfig, extra: dict | None = None) -> bool:
+    """Delete RUN/state.pt when it was written with other training settings than `cfg` (and,
+    for a streamed run, other `extra` entries, e.g. {"stream": ...}): a settings change makes it
+    useless; resuming it would raise. Used by `loopscale train --drop-stale-state` and
+    `loopscale train-stream --drop-stale-state` (the pipeline's training jobs), inside the run
+    lock (train.run_directory), so a running trainer's state.pt is never touched.
+
+    Returns True when it was deleted."""
+    state = Path(run_dir) / "state.pt"
+    if not state.exists():
+        return False
+    try:
+        ck = load_checkpoint(state)
+        same = resume_comparable(ck["config"]) == resume_comparable(cfg.to_dict()) \
+            and all(ck.get(k) == v for k, v in (extra or {}).items())
+    except (CheckpointError, KeyError):
+        same = False
+    if not same:
+        state.unlink(missing_ok=True)
+        logger.warning("%s belonged to other settings; training starts over", state)
+        return True
+    return False
+
+
 @contextlib.contextmanager
 def run_directory(out_dir: str | Path, what: str, fingerprint: str, *, resume: bool,
-                  legacy: Callable[[dict], bool] | None = None) -> Iterator[dict | None]:
+                  legacy: Callable[[dict], bool] | None = None,
+                  drop_stale: Callable[[Path], object] | None = None) -> Iterator[dict | None]:
     """The run directory of a trainer (`loopscale train`, `loopscale train-stream`), created
     and locked for the duration of the block (a second trainer on it is refused with one line,
     before anything in it is touched); leftovers of a killed run are removed first. Yields the
     summary of the finished run of these settings (`fingerprint`, see result_fingerprint) that
     the directory holds, which the trainer returns instead of training, or None: the trainer
     trains (resuming its state.pt). A finished run of other settings is refused (CheckpointError);
-    `resume=False` (--no-resume) trains over whatever the directory holds."""
+    `resume=False` (--no-resume) trains over whatever the directory holds. `drop_stale`
+    (--drop-stale-state) is called on the directory once it is locked: it may delete a state.pt
+    of other settings, never one a running trainer is writing."""
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -491,6 +518,8 @@ def run_directory(out_dir: str | Path, what: str, fingerprint: str, *, resume: b
     with run_lock(out, what) if main else contextlib.nullcontext():
         if main:
             _clean_leftovers(out)
+        if drop_stale is not None:
+            drop_stale(out)
         if resume:
             _restore_finished(out, fingerprint)
         done = _finished_summary(out, fingerprint, legacy) if resume else None
@@ -503,14 +532,16 @@ def run_directory(out_dir: str | Path, what: str, fingerprint: str, *, resume: b
 
 
 def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: bool = True,
-          progress: bool = True) -> dict:
+          progress: bool = True, drop_stale_state: bool = False) -> dict:
     """Train one run; returns the summary dict (also written to summary.json).
 
     The run directory is locked for the duration (a second trainer on it is refused);
     leftovers of a killed run are removed first; a finished run of these settings is
-    returned as it is (run_directory)."""
+    returned as it is (run_directory). `drop_stale_state`: a state.pt of other settings is
+    deleted (training starts over) instead of refused."""
     with run_directory(out_dir, "loopscale train", result_fingerprint(cfg), resume=resume,
-                       legacy=lambda summary: summary.get("config_fingerprint") == cfg.fingerprint()) as done:
+                       legacy=lambda summary: summary.get("config_fingerprint") == cfg.fingerprint(),
+                       drop_stale=(lambda out: drop_stale(out, cfg)) if drop_stale_state else None) as done:
         if done is not None:
             return done
         return _train(cfg, data_dir, Path(out_dir), resume=resume, progress=progress)

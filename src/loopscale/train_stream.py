@@ -57,7 +57,7 @@ def _recorded_fingerprint(out: Path) -> Optional[str]:
 
 
 def train_stream(cfg: RunConfig, s: StreamConfig, out_dir: str | Path, *, val_data: Optional[str | Path] = None,
-                 resume: bool = True) -> dict:
+                 resume: bool = True, drop_stale_state: bool = False) -> dict:
     """Train `cfg` on the stream `s` for train.max_steps optimiser steps into `out_dir`:
     metrics.jsonl, state.pt (every train.ckpt_every steps and on SIGTERM: weights, optimiser,
     every rank's RNG, step, chunks consumed), model.pt (what `loopscale eval` reads) and
@@ -66,15 +66,19 @@ def train_stream(cfg: RunConfig, s: StreamConfig, out_dir: str | Path, *, val_da
 
     The run directory is handled as `loopscale train` handles its own (`train.run_directory`):
     locked for the duration, and a finished run of these settings (config and stream) is
-    returned as it is, one of other settings refused, unless `resume` is False."""
-    from .train import result_fingerprint, run_directory
+    returned as it is, one of other settings refused, unless `resume` is False.
+    `drop_stale_state`: a state.pt of other settings (config or stream) is deleted, once the
+    directory is locked, instead of refused."""
+    from .train import drop_stale, result_fingerprint, run_directory
 
     if not cfg.train.max_steps:
         raise ConfigError("train.max_steps is required for a streamed run (a stream has no epochs)")
     out = Path(out_dir)
     fp = result_fingerprint(cfg, dataclasses.asdict(s))
+    stream = {"stream": dataclasses.asdict(s)}
     with run_directory(out, "loopscale train-stream", fp, resume=resume,
-                       legacy=lambda summary: _recorded_fingerprint(out) == fp) as done:
+                       legacy=lambda summary: _recorded_fingerprint(out) == fp,
+                       drop_stale=(lambda o: drop_stale(o, cfg, stream)) if drop_stale_state else None) as done:
         if done is not None:
             return done
         return _train_stream(cfg, s, out, fp, val_data=val_data, resume=resume)
@@ -242,11 +246,9 @@ def cmd_train_stream(args) -> int:
     if args.stop_with_parent:
         from .train import stop_with_parent
         stop_with_parent()
-    if args.drop_stale_state:
-        from .pipeline import drop_stale_state
-        drop_stale_state(args.out, cfg)
     summary = train_or_record(cfg, args, lambda: train_stream(cfg, s, args.out, val_data=args.val_data,
-                                                              resume=not args.no_resume))
+                                                              resume=not args.no_resume,
+                                                              drop_stale_state=args.drop_stale_state))
     if summary is not None and env_world()[0] == 0:
         print(json.dumps({k: summary[k] for k in ("status", "steps", "tokens")}))
     return 0
