@@ -73,6 +73,27 @@ def test_the_drift_law_figures_quoted_are_the_committed_ones():
     assert f"the range is {spread[0]} and {spread[1]}" in text
 
 
+def test_the_cpu_long_figures_quoted_are_the_committed_ones():
+    """The README's cpu_long paragraph quotes results/cpu_long/claims.csv: the verdict count and
+    claim (a)'s and (c)'s numbers."""
+    import pandas as pd
+    t = pd.read_csv(REPO / "results" / "cpu_long" / "claims.csv").set_index("id")
+    text = " ".join(README.split())
+    para = text[text.index("**The longer CPU study:**"):]
+    para = para[:para.index("Analysis:")]
+    n_ok = int(t.verdict.str.startswith("reproduced").sum())
+    n_seeds = t.seeds_evaluated.max()
+    if n_ok == len(t):
+        assert f"All {n_ok} claims reproduce, each in {n_seeds}/{n_seeds} seeds" in para
+    else:
+        assert f"{n_ok} of {len(t)} claims reproduce" in para
+    drift, raw, ratio = re.search(r"‖H_K‖ ([\d,.]+) vs ([\d,.]+) \(ratio ([\d,.]+)×\)", t.loc["a", "ours"]).groups()
+    assert f"‖H_K‖ reaches {drift} with the RMSNorm readout" in para
+    assert f"against {float(raw):.1f} raw ({float(ratio.replace(',', '')):.0f}×)" in para
+    acc = re.search(r"‖H_K‖/‖H_1‖ ([\d.]+) with inter-loop norm vs ([\d.]+) residual", t.loc["c", "ours"]).groups()
+    assert f"‖H_K‖/‖H_1‖ {acc[0]} against {acc[1]} residual" in para
+
+
 @pytest.mark.slow
 def test_the_readme_runs_as_written(tmp_path):
     repo = copy_worktree(tmp_path / "repo")
