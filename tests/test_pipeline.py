@@ -868,15 +868,22 @@ def test_a_killed_snakemake_needs_unlock_before_rerun_incomplete(tmp_path):
     assert (repo / "data" / "smoke" / "meta.json").is_file()
 
 
+def _sigint_as_in_a_shell() -> None:
+    """In the child before exec: SIGINT delivered and handled by default, as for a command started
+    from a shell, whatever an earlier test in this worker process left behind (an ignored SIGINT
+    is inherited through exec, and Python then never raises KeyboardInterrupt)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def _interrupt_training(repo: Path, run_dir: Path, target: str, out_path: Path) -> str | None:
     """Start `snakemake TARGET --cores 1`, send SIGINT to it alone once the training job has
     written its first log record, and return its output after it stopped; None when it ran to
-    the end without taking the signal. Snakemake does not always act on a SIGINT (a fresh-clone
-    CI run saw it run on to a clean exit), so the signal is sent again every 2 s until it says
-    it is terminating."""
+    the end without taking the signal (the signal is sent again every 2 s until Snakemake says it
+    is terminating)."""
     with open(out_path, "w") as sink:
         proc = subprocess.Popen([SNAKEMAKE, target, "--cores", "1", *SMOKE], cwd=repo, env=pipeline_env(repo),
-                                stdout=sink, stderr=subprocess.STDOUT, text=True)
+                                stdout=sink, stderr=subprocess.STDOUT, text=True, preexec_fn=_sigint_as_in_a_shell)
         t0 = time.monotonic()
         # the training job is under way: its first log record is written (config.json would be
         # too late: it is the last file a finished run writes)
