@@ -28,15 +28,21 @@ RUN = Path("runs/smoke/smoke/raw-per_loop-none-residual/seed42")
 STEPS = 100
 
 
-def training_process(run: Path) -> int | None:
-    """pid of the `loopscale train` process of this run, if one is running."""
+def training_process(repo: Path, run: Path) -> int | None:
+    """pid of the `loopscale train` process of this run of the pipeline in `repo`, if one is
+    running. The run directory on the command line is relative, so the process's working
+    directory must be `repo` too: under pytest-xdist another test may be training the same
+    run of its own copy of the repository (freezing that one hung it)."""
+    repo = str(repo.resolve())
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
                 argv = (d / "cmdline").read_bytes().split(b"\0")
+                cwd = os.readlink(d / "cwd")
             except OSError:
                 continue
-            if b"train" in argv and str(run).encode() in argv and any(a.endswith(b"loopscale") for a in argv):
+            if (b"train" in argv and str(run).encode() in argv and any(a.endswith(b"loopscale") for a in argv)
+                    and cwd == repo):
                 return int(d.name)
     return None
 
@@ -68,7 +74,7 @@ def test_job_killed_by_time_limit_resumes_on_retry(slurm_cluster, tmp_path, reco
         deadline = time.monotonic() + 180
         pid = None
         while time.monotonic() < deadline and proc.poll() is None:
-            pid = training_process(RUN)
+            pid = training_process(repo, RUN)
             if pid and (run / "state.pt").exists():
                 break
             time.sleep(0.05)
