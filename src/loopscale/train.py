@@ -120,6 +120,16 @@ def resume_comparable(cfg: dict, free=_RESUME_FREE) -> dict:
     return d
 
 
+def same_settings(ck: dict, cfg: RunConfig, extra: dict | None = None) -> bool:
+    """state.pt `ck` was written with the training settings of `cfg` (and, for a streamed run,
+    the same `extra` entries, e.g. {"stream": ...}), so training can resume from it."""
+    try:
+        return resume_comparable(ck["config"]) == resume_comparable(cfg.to_dict()) \
+            and all(ck.get(k) == v for k, v in (extra or {}).items())
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return False
+
+
 def build(cfg: RunConfig, device: torch.device, *, compile: bool | None = None,
           checkpoint: bool | None = None, dd: DD.Dist = DD.Dist()) -> tuple[LoopedLM, torch.optim.Optimizer, torch.nn.Module]:
     """The model (initialised from the current torch seed), its AdamW, and what the training
@@ -298,11 +308,7 @@ def _resume(path: Path, cfg: RunConfig, model, opt, device, total_steps: int, dd
     is one CheckpointError."""
     ck = load_checkpoint(path, map_location=device)
     again = "train with --no-resume to start over"
-    try:
-        same = resume_comparable(ck["config"]) == resume_comparable(cfg.to_dict())
-    except (TypeError, ValueError, AttributeError):
-        same = False
-    if not same:
+    if not same_settings(ck, cfg):
         raise CheckpointError(f"checkpoint {path} was written with a different config; {again} "
                               f"(or delete the run directory {path.parent})")
     step = ck.get("step")
@@ -484,10 +490,8 @@ def drop_stale(run_dir: str | Path, cfg: RunConfig, extra: dict | None = None) -
     if not state.exists():
         return False
     try:
-        ck = load_checkpoint(state)
-        same = resume_comparable(ck["config"]) == resume_comparable(cfg.to_dict()) \
-            and all(ck.get(k) == v for k, v in (extra or {}).items())
-    except (CheckpointError, KeyError):
+        same = same_settings(load_checkpoint(state), cfg, extra)
+    except CheckpointError:
         same = False
     if not same:
         state.unlink(missing_ok=True)

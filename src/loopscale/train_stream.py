@@ -95,7 +95,7 @@ def _train_stream(cfg: RunConfig, s: StreamConfig, out: Path, fingerprint: str, 
     from .model import build_model
     from .runtime import enable_tf32, resolve_device
     from .train import (LastFinite, SigtermFlag, _invalidate_outputs, _keep_finished, _metrics_upto, global_mean,
-                        resume_comparable, train_step)
+                        same_settings, train_step)
 
     tc, mc = cfg.train, cfg.model
     dd = DD.setup(resolve_device(tc.device))
@@ -128,8 +128,7 @@ def _train_stream(cfg: RunConfig, s: StreamConfig, out: Path, fingerprint: str, 
     resumed = resume and state_path.exists()
     if resumed:
         ck = load_checkpoint(state_path, map_location=device)
-        if resume_comparable(ck.get("config") or {}) != resume_comparable(record["config"]) \
-                or ck.get("stream") != record["stream"]:
+        if not same_settings(ck, cfg, {"stream": record["stream"]}):
             raise ConfigError(f"{state_path} was written with other settings; train with --no-resume to start over")
         if len(ck.get("consumed", [])) != dd.world:
             raise ConfigError(f"{state_path} was written by {len(ck.get('consumed', []))} ranks, this job has "
