@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -52,12 +53,12 @@ LOG_EVERY, MAX_STEPS = 5, 12
 
 @pytest.fixture(scope="module")
 def check(smoke_data, tmp_path_factory):
-    """One tiny run of every part on the CPU, the bench part given a budget too small to
-    start in (Python and torch alone take longer than a second to import)."""
+    """One tiny run of every part on the CPU, the env part given a budget too small to start
+    in (Python and torch alone take longer than a second to import)."""
     out = tmp_path_factory.mktemp("gpu-check")
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     cmd = [sys.executable, str(BENCHMARKS / "gpu_check.py"), "--device", "cpu", "--tiny", "--out", str(out),
-           "--data", str(smoke_data), "--budget-s", "240", "--bench-s", "1", "--drift-s", "60",
+           "--data", str(smoke_data), "--budget-s", "300", "--env-s", "1", "--drift-s", "60", "--no-compile",
            "--log-every", str(LOG_EVERY), "--drift-max-steps", str(MAX_STEPS)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     return out, proc
@@ -66,32 +67,47 @@ def check(smoke_data, tmp_path_factory):
 @pytest.mark.slow  # one run of the whole script: about a minute on 2 cores
 def test_every_part_writes_json_and_the_cut_short_part_is_recorded(check):
     out, proc = check
-    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # 1: not every part ok (bench cut)
+    assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]  # 1: not every part ok (env cut)
     summary = json.loads((out / "gpu_check.json").read_text())
     assert summary["finished"] is True
     status = {p: e["status"] for p, e in summary["parts"].items()}
-    assert status == {"env": "ok", "tests": "ok", "bench": "timeout", "drift": "ok"}, proc.stdout[-3000:]
-    assert summary["parts"]["bench"]["budget_s"] == 1
+    assert status == {"env": "timeout", "tests": "ok", "bench": "ok", "drift": "ok"}, proc.stdout[-3000:]
+    assert summary["parts"]["env"]["budget_s"] == 1
     for part in gpu_check.PARTS:
         data = json.loads((out / f"{part}.json").read_text())
         assert data["part"] == part and data["status"] == status[part]
         assert data["elapsed_s"] <= data["budget_s"] + 20  # killed at the budget (plus the kill's grace)
         assert_finite(data)
-        if part != "bench":
+        if part != "env":
             assert data["forbidden_imports"] == []  # nothing the GPU machine lacks was imported
-    bench = json.loads((out / "bench.json").read_text())
-    assert "cut_short" in bench and bench["returncode"] != 0
-    assert "bench" in (out / "gpu_check.log").read_text()
+    env = json.loads((out / "env.json").read_text())
+    assert "cut_short" in env and env["returncode"] != 0
+    assert "===== env: killed at its budget" in (out / "gpu_check.log").read_text()
     assert not list(out.glob(".*.tmp"))
     assert len(list(out.iterdir())) <= 8  # the GPU machine sends back at most 8 files
 
 
 @pytest.mark.slow  # one run of the whole script: about a minute on 2 cores
-def test_env_part_measures_a_peak(check):
+def test_bench_part_measures_every_model_without_the_env_peak(check):
     out, _ = check
-    env = json.loads((out / "env.json").read_text())
-    assert env["env"]["torch"] == torch.__version__ and env["env"]["device"] == "cpu"
-    assert env["peak"]["dtype"] == "bfloat16" and env["peak"]["flop_per_s"] > 0
+    bench = json.loads((out / "bench.json").read_text())["bench"]
+    assert bench["peak"]["source"] == "measured here" and bench["peak"]["flop_per_s"] > 0  # env was cut short
+    assert bench["done"] is True and bench["tiny"] is True
+    for name in ("paper-44m", "paper-129m"):
+        rec = bench["models"][name]
+        assert "compiled" not in rec  # --no-compile
+        assert rec["eager"]["tokens_per_s"] > 0 and rec["eager"]["mfu"] > 0
+        assert [r["k"] for r in rec["eval"]["depth"]] == list(range(1, rec["config"]["model"]["n_loops"] + 1))
+
+
+def test_env_part_records_the_versions_and_a_bf16_peak(tmp_path):
+    result = {"status": "running"}
+    a = SimpleNamespace(device="cpu", tiny=True)
+    gpu_check.part_env(a, result, lambda: None, 20)
+    assert result["env"]["torch"] == torch.__version__ and result["env"]["device"] == "cpu"
+    assert result["env"]["pytest"] == "installed"
+    assert result["peak"]["dtype"] == "bfloat16" and result["peak"]["flop_per_s"] > 0
+    assert result["peak"]["tflop_per_s"] == pytest.approx(result["peak"]["flop_per_s"] / 1e12)
 
 
 @pytest.mark.slow  # one run of the whole script: about a minute on 2 cores
