@@ -54,8 +54,10 @@ LOG_EVERY, MAX_STEPS = 5, 12
 @pytest.fixture(scope="module")
 def check(smoke_data, tmp_path_factory):
     """One tiny run of every part on the CPU, the env part given a budget too small to start
-    in (Python and torch alone take longer than a second to import)."""
+    in (Python and torch alone take longer than a second to import). The output folder holds
+    an earlier run's env.json, which must not survive."""
     out = tmp_path_factory.mktemp("gpu-check")
+    (out / "env.json").write_text(json.dumps({"part": "env", "status": "ok", "peak": {"flop_per_s": 1e30}}))
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     cmd = [sys.executable, str(BENCHMARKS / "gpu_check.py"), "--device", "cpu", "--tiny", "--out", str(out),
            "--data", str(smoke_data), "--budget-s", "300", "--env-s", "1", "--drift-s", "60", "--no-compile",
@@ -120,6 +122,7 @@ def test_tests_part_counts_the_cuda_tests(check):
     if not torch.cuda.is_available():  # here: every cuda test skips cleanly
         assert c["skipped"] == c["tests"] and set(tests["outcomes"].values()) == {"SKIPPED"}
     assert all(name.startswith("tests/test_cuda.py::") for name in tests["outcomes"])
+    assert json.loads((out / "gpu_check.json").read_text())["parts"]["tests"]["counts"] == c
 
 
 @pytest.mark.slow  # one run of the whole script: about a minute on 2 cores
