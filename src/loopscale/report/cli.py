@@ -72,11 +72,50 @@ def cmd_write(args) -> int:
 def cmd_drift_law(args) -> int:
     from .drift_law import DriftLawError, report
     try:
-        report(args.results, args.out, holdout=args.holdout, condition_id=args.condition)
+        report(args.results, args.out, holdout=args.holdout, condition_id=args.condition, studies_dir=args.studies,
+               results_root=args.results_root)
     except DriftLawError as e:
         print(f"loopscale report drift-law: {e}", file=sys.stderr)
         return 2
-    print(f"loopscale report drift-law: {len(args.results)} experiment(s) -> {args.out}/drift_law.{{md,csv,png}}, drift_law_configs.csv")
+    print(f"loopscale report drift-law: {len(args.results)} experiment(s) -> {args.out}/drift_law.{{md,csv,png}}, "
+          "drift_law_configs.csv, drift_law_coverage.csv")
+    return 0
+
+
+def cmd_drift_law_predict(args) -> int:
+    from ..io import atomic_write_text
+    from .drift_law import (DriftLawError, fit_drift_law, fit_records, parse_setting, predict_settings,
+                            predictions_yaml, read_logs, read_settings)
+    try:
+        if bool(args.setting) == bool(args.settings):
+            raise DriftLawError("give --setting (with --step) or --settings FILE.yaml, not both or neither")
+        if args.setting and args.step is None:
+            raise DriftLawError("--setting needs --step")
+        settings = read_settings(args.settings) if args.settings else \
+            [dict(parse_setting(s, args.step), runs=float(args.runs)) for s in args.setting]
+        for s in settings:
+            s.setdefault("runs", float(args.runs))
+            if args.experiment:
+                s.setdefault("experiment", args.experiment)
+            if args.size:
+                s.setdefault("size", args.size)
+        law = fit_drift_law(fit_records(read_logs(args.results), args.condition))
+        table = predict_settings(law, settings)
+    except DriftLawError as e:
+        print(f"loopscale report drift-law-predict: {e}", file=sys.stderr)
+        return 2
+    for r in table.itertuples():
+        what = f"not predicted: {r.reason}" if r.reason else \
+            f"point {r.point:,.4g}, 95% interval {r.lo:,.4g} – {r.hi:,.4g}" + (f" ({r.note})" if r.note else "")
+        print(f"step {r.step:,}, d {r.d_model:g}, {r.n_layers:g} layers, lr {r.lr:g}, seq {r.seq_len:g}, "
+              f"batch {r.batch_size:g}, mean of {r.runs} run(s): {what}")
+    text = predictions_yaml(table)
+    if args.out:
+        out = Path(args.out)
+        atomic_write_text(out, table.to_csv(index=False) if out.suffix == ".csv" else text)
+        print(f"loopscale report drift-law-predict: {len(table)} prediction(s) -> {out}")
+    else:
+        print(text, end="")
     return 0
 
 
@@ -120,7 +159,7 @@ def add_cli(subparsers) -> None:
     p = subparsers.add_parser("report", help="aggregate tables, figures and REPORT.md from run directories",
                               description="Aggregate run directories into tables (CSV + Markdown), figures (PNG) "
                                           "and REPORT.md.")
-    sub = p.add_subparsers(dest="report_command", required=True, metavar="{tables,figures,write,drift-law}")
+    sub = p.add_subparsers(dest="report_command", required=True, metavar="{tables,figures,write,drift-law,drift-law-predict}")
 
     def runs_arg(q):
         q.add_argument("--runs", nargs="+", required=True, metavar="RUN_DIR",
@@ -151,8 +190,30 @@ def add_cli(subparsers) -> None:
     q.add_argument("--holdout", default=None, metavar="EXPERIMENT",
                    help="predict this experiment's final ‖H_K‖ from the others before fitting on it")
     q.add_argument("--condition", default="rmsnorm-per_loop-none-residual", help="condition id (default: the drifting model)")
+    q.add_argument("--studies", default="studies", metavar="DIR",
+                   help="where studies/*/preregistration.yaml hold drift_predictions to check (default: studies)")
+    q.add_argument("--results-root", default="results", metavar="DIR",
+                   help="where results/<experiment>/train_norms.csv measure them (default: results)")
     q.add_argument("--out", required=True, help="output directory, e.g. results/drift_law")
     q.set_defaults(func=cmd_drift_law)
+
+    q = sub.add_parser("drift-law-predict", help="point and 95%% interval of the drift law for settings "
+                                                 "(pre-registration)")
+    q.add_argument("--results", nargs="+", required=True, metavar="RESULTS_DIR",
+                   help="results directories holding train_norms.csv the law is fitted on")
+    q.add_argument("--setting", action="append", default=[], metavar="d=64,layers=2,lr=1e-3,seq=64,batch=16",
+                   help="one setting (repeatable); names: d, layers, lr, seq, batch")
+    q.add_argument("--step", type=float, default=None, help="the training step to predict (with --setting)")
+    q.add_argument("--settings", default=None, metavar="FILE.yaml",
+                   help="a YAML list of settings, each with d, layers, lr, seq, batch, step (optional runs, "
+                        "experiment, size)")
+    q.add_argument("--runs", type=int, default=3, help="the interval is for the mean of this many runs (default 3)")
+    q.add_argument("--experiment", default="", help="experiment name written into the drift_predictions entries")
+    q.add_argument("--size", default="", help="size name written into the drift_predictions entries")
+    q.add_argument("--condition", default="rmsnorm-per_loop-none-residual", help="condition id (default: the drifting model)")
+    q.add_argument("--out", default=None, metavar="FILE",
+                   help="write the drift_predictions YAML (or a CSV when FILE ends in .csv); default: print it")
+    q.set_defaults(func=cmd_drift_law_predict)
 
 
 if __name__ == "__main__":  # pragma: no cover

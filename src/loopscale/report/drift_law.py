@@ -1,40 +1,49 @@
-"""One drift law across experiments: ‖H_K‖ as a function of training step, width, depth and
-learning rate, held against the paper's numbers.
+"""One drift law across experiments: ‖H_K‖ as a function of training step, width, depth,
+learning rate and tokens per step, with configuration-level 95% intervals, held against the
+paper's numbers (Table 1: final ‖H_K‖ 39,207 at 44M, 56,051 at 129M).
 
 Data: the per-run training logs every experiment's report writes (`results/<exp>/
-train_norms.csv`: one row per run × logged step, ‖H_K‖ on the training batch), for one
-condition (default: per-loop CE + RMSNorm readout, the drifting model), from
-FIT_FROM_FRACTION of each run's last step on. Two laws, each linear in logs and fitted by
-least squares:
+train_norms.csv`: one row per run × logged step, ‖H_K‖ on the training batch, each run's
+width, depth, lr, context and batch from its own config), for one condition (default:
+per-loop CE + RMSNorm readout, the drifting model), from FIT_FROM_FRACTION of each run's
+last step on. Two laws, each linear in logs:
 
-  power   ln ‖H_K‖ = c + b·ln t      + w·ln √d + l·ln L + r·ln lr
-  log     ln ‖H_K‖ = c + b·ln(ln t)  + w·ln √d + l·ln L + r·ln lr
+  power   ln ‖H_K‖ = c + b·ln t      + w·ln √d + l·ln L + r·ln lr + k·ln(seq × batch)
+  log     ln ‖H_K‖ = c + b·ln(ln t)  + w·ln √d + l·ln L + r·ln lr + k·ln(seq × batch)
 
-(the log law is ‖H_K‖ ∝ (ln t)^b, logarithmic growth with the same multiplicative factors).
-A factor enters only when the data vary it independently of the others (a factor collinear
-with those already in is dropped, in the order width, depth, learning rate); a prediction
-for a setting of a dropped factor other than the data's is not made (NaN, with the reason).
+(the log law is ‖H_K‖ ∝ (ln t)^b). A configuration is one (width, depth, lr, context, batch).
 
-Uncertainty: a bootstrap over runs (whole runs drawn with replacement within each
-configuration, so every configuration stays in), BOOTSTRAP resamples, plus the residual
-scatter of the fitted runs, split in two: the run-to-run scatter within a configuration (over
-√n for a mean of n new runs: 3 seeds for the paper's models) and, for a configuration the
-fit has not seen, the scatter of the configurations' mean log residuals about the law (its
-lack of fit between configurations, which more seeds do not average away); the band at a
-target spans both laws' 95% intervals (the choice of law is part of the uncertainty).
+The fit has two stages, so that its uncertainty is counted in configurations, not in the
+hundreds of correlated log records:
+  1. per run, a line in the time feature τ (ln t or ln ln t) through its records: its level
+     at a reference step t_ref (the median of the configurations' last logged steps) and its
+     slope; per configuration, the mean over its runs (level ℓ_j, own exponent b_j).
+  2. the configurations' levels ℓ_j regressed on the factors by ordinary least squares (one
+     point per configuration); the shared time exponent is the mean of the b_j.
+A factor enters only when the configurations vary it independently of the factors already
+in (in the order width, depth, lr, tokens per step). A prediction for an unvaried width, depth
+or lr other than the data's is not made (NaN, with the reason); tokens per step, when the data
+do not vary it, is assumed to have no effect, and every prediction that needs the assumption
+says so.
 
-The law's strongest assumption is one time exponent for every configuration. Each
-configuration's own exponent (a power law in t on its records alone) is reported, and the
-*exponent spread* at a target re-extrapolates the law from the last fitted step with every
-configuration's own exponent in turn: the range a reader should allow if the target's
-exponent is any of those the runs showed.
+Interval (95%, for the mean over `n_runs` new runs of ‖H_K‖ at one logged step), in ln ‖H_K‖:
+  level   an unseen configuration: the OLS prediction interval of stage 2, s²·(1 + x0ᵀ(XᵀX)⁻¹x0)
+          with n_configurations − n_coefficients degrees of freedom; a seen configuration: its
+          own level, the run-to-run variance of levels within configurations × (1/n_j + 1/n_runs)
+  time    a random slope: the variance of the configurations' own exponents × (1 + 1/n) ×
+          (τ(t) − τ(t_ref))², with n − 1 degrees of freedom
+  record  the scatter of single records about their run's line, / n_runs
+summed, with a Student t quantile at the Welch–Satterthwaite degrees of freedom. The band at a
+target spans both laws' intervals (the choice of law is part of the uncertainty).
 
-Held-out check: with `holdout`, the law is first fitted without that experiment's runs and
-its prediction of their final ‖H_K‖ (mean over runs at their last logged step) is compared
-with what they measured — before the held-out runs enter the final fit.
+Coverage (`coverage`): leave-one-configuration-out (fit without a configuration, predict its
+final ‖H_K‖) and a time split (fit on each run's steps up to half its last step, predict the
+last); `drift_law_coverage.csv` and drift_law.md report how many fall inside.
 
-Targets: the paper's 44M and 129M models (paper.PAPER_MODELS, step counts from the paper's
-token stream, drift.paper_steps) beside their reported ‖H_K‖ (39,207 and 56,051).
+Pre-registration: `predict_settings` / `loopscale report drift-law-predict` give point and
+interval for settings before they run; drift_law.md compares every
+studies/*/preregistration.yaml's `drift_predictions` with what results/<experiment>/
+train_norms.csv measured, where it exists.
 """
 from __future__ import annotations
 
@@ -51,93 +60,255 @@ from .drift import FIT_FROM_FRACTION, PAPER_TARGETS
 from .fmt import md_table, num
 from ..registry import condition
 
-BOOTSTRAP = 400
-BOOTSTRAP_SEED = 0
 LAWS = ("power", "log")
-FACTORS = (("width", "d_model"), ("depth", "n_layers"), ("lr", "lr"))  # in the order they enter
+LEVEL = 0.95  # of every interval
+# the factors in the order they enter; width enters as ln √d, the others as ln of the value
+FACTORS = (("width", "d_model"), ("depth", "n_layers"), ("lr", "lr"), ("tokens", "tokens"))
+ASSUMED = ("tokens",)  # not identified by the data: assumed to have no effect (said), not refused
+CONFIG = ("d_model", "n_layers", "lr", "seq_len", "batch_size")  # one configuration
+NEW_RUNS = 3  # a prediction is for the mean of this many new runs unless told (the paper's 3 seeds)
+TIME_SPLIT = 0.5  # the time split fits on each run's steps up to this fraction of its last step
+MATCH_STEP = 0.01  # a pre-registered step is measured by the logged step within this fraction of it
 DRIFTING = condition("rmsnorm", "per_loop").slug
 LOG_COLUMNS = ["experiment", "size", "condition_id", "seed", "run", "d_model", "n_layers", "n_loops", "lr",
                "batch_size", "seq_len", "step", "norm_K"]
+# names a setting may use (loopscale report drift-law-predict --setting d=64,layers=2,...)
+SETTING_KEYS = {"d": "d_model", "d_model": "d_model", "width": "d_model", "layers": "n_layers",
+                "n_layers": "n_layers", "depth": "n_layers", "lr": "lr", "seq": "seq_len", "seq_len": "seq_len",
+                "context": "seq_len", "batch": "batch_size", "batch_size": "batch_size"}
+_NAMES = {"width": "ln √d", "depth": "ln L", "lr": "ln lr", "tokens": "ln(seq × batch)"}
 
 
 class DriftLawError(ValueError):
     """Input the cross-experiment law cannot use; the message is one line."""
 
 
-def _time_feature(law: str, t: np.ndarray) -> np.ndarray:
+def _time_feature(law: str, t) -> np.ndarray:
+    t = np.asarray(t, float)
     return np.log(t) if law == "power" else np.log(np.log(t))
 
 
-def _factor_value(name: str, col: str, v: np.ndarray) -> np.ndarray:
-    v = np.asarray(v, float)
-    return 0.5 * np.log(v) if name == "width" else np.log(v)  # width enters as ln √d
+def _with_tokens(frame: pd.DataFrame) -> pd.DataFrame:
+    frame = frame.copy()
+    frame["tokens"] = frame["seq_len"].astype(float) * frame["batch_size"].astype(float)
+    return frame
 
 
-@dataclass
-class LawFit:
-    law: str
-    factors: tuple  # factor names that entered
-    coef: np.ndarray  # [c, b, factor coefficients...]
-    r2: float
-
-    def predict(self, step, **setting) -> float:
-        x = [1.0, float(_time_feature(self.law, np.asarray([float(step)]))[0])]
-        for name, col in FACTORS:
-            if name in self.factors:
-                x.append(float(_factor_value(name, col, np.asarray([setting[col]]))[0]))
-        return float(math.exp(float(np.dot(self.coef, x))))
-
-    def formula(self) -> str:
-        t = "ln t" if self.law == "power" else "ln(ln t)"
-        parts = [f"{self.coef[0]:.3f}", f"{self.coef[1]:+.3f}·{t}"]
-        names = {"width": "ln √d", "depth": "ln L", "lr": "ln lr"}
-        parts += [f"{c:+.3f}·{names[f]}" for f, c in zip(self.factors, self.coef[2:])]
-        return "ln ‖H_K‖ = " + " ".join(parts)
+def _factor_column(cfg: np.ndarray, col: str) -> np.ndarray:
+    """One factor's values for rows of CONFIG columns."""
+    return cfg[:, 3] * cfg[:, 4] if col == "tokens" else cfg[:, CONFIG.index(col)]
 
 
-def _design(df: pd.DataFrame, law: str, factors: tuple) -> np.ndarray:
-    cols = [np.ones(len(df)), _time_feature(law, df["step"].to_numpy(float))]
-    for name, col in FACTORS:
-        if name in factors:
-            cols.append(_factor_value(name, col, df[col].to_numpy(float)))
-    return np.column_stack(cols)
+def _features(cfg: np.ndarray, factors: tuple) -> np.ndarray:
+    """[1, factor features] per row of CONFIG columns (configurations or records)."""
+    return np.column_stack([np.ones(len(cfg))] + [
+        0.5 * np.log(_factor_column(cfg, col)) if name == "width" else np.log(_factor_column(cfg, col))
+        for name, col in FACTORS if name in factors])
 
 
-def identifiable_factors(df: pd.DataFrame) -> tuple:
-    """The factors the data vary independently of time and of the factors already in."""
+def _identifiable(keys: np.ndarray) -> tuple:
     got: list = []
     for name, col in FACTORS:
-        X = _design(df, "power", tuple(got) + (name,))
-        if df[col].nunique() > 1 and np.linalg.matrix_rank(X) == X.shape[1]:
+        X = _features(keys, tuple(got) + (name,))
+        if len(np.unique(_factor_column(keys, col))) > 1 and np.linalg.matrix_rank(X) == X.shape[1]:
             got.append(name)
     return tuple(got)
 
 
-def fit(df: pd.DataFrame, law: str, factors: tuple) -> LawFit:
-    X, y = _design(df, law, factors), np.log(df["norm_K"].to_numpy(float))
-    coef, *_ = np.linalg.lstsq(X, y, rcond=None)
-    res = y - X @ coef
-    ss = float(np.sum((y - y.mean()) ** 2))
-    return LawFit(law, factors, coef, 1.0 - float(np.sum(res ** 2)) / ss if ss > 0 else math.nan)
+def identifiable_factors(df: pd.DataFrame) -> tuple:
+    """The factors the configurations vary independently of the factors already in."""
+    return _identifiable(np.unique(df[list(CONFIG)].to_numpy(float), axis=0))
 
 
-def fit_records(logs: pd.DataFrame, condition_id: str = DRIFTING) -> pd.DataFrame:
-    """The log records the law is fitted on: one condition, steps > 0, positive finite norms,
-    from FIT_FROM_FRACTION of each run's last step on."""
+def config_key(setting) -> tuple:
+    return tuple(float(setting[c]) for c in CONFIG)
+
+
+def _t_quantile(df: float) -> float:
+    from scipy.stats import t
+    return float(t.ppf(0.5 + LEVEL / 2, df))
+
+
+@dataclass
+class LawFit:
+    """One law fitted in two stages (module docstring): stage 2's OLS over configurations and the
+    variance components of its intervals."""
+    law: str
+    factors: tuple
+    t_ref: float  # the reference step the configurations' levels are taken at
+    beta: np.ndarray  # stage 2: [intercept at t_ref, factor coefficients...]
+    slope: float  # the shared time exponent: mean of the configurations' own
+    xtx_inv: np.ndarray
+    s2: float  # residual variance of the configurations' levels about stage 2
+    df: int  # its degrees of freedom: configurations − coefficients
+    slope_sd: float  # sd of the configurations' own exponents (n − 1 degrees of freedom)
+    n_configs: int
+    run_sd: float  # sd of run levels within a configuration
+    df_run: int
+    rec_sd: float  # sd of single records about their run's line
+    df_rec: int
+    levels: dict  # configuration key -> (level, runs)
+    r2: float = math.nan  # of ln ‖H_K‖ over the records
+
+    @property
+    def coef(self) -> np.ndarray:
+        """[c, b, factor coefficients...] of ln ‖H_K‖ = c + b·τ(t) + ..."""
+        tau_ref = float(_time_feature(self.law, [self.t_ref])[0])
+        return np.concatenate([[self.beta[0] - self.slope * tau_ref, self.slope], self.beta[1:]])
+
+    def _x0(self, setting: dict) -> np.ndarray:
+        v = {**setting, "tokens": float(setting["seq_len"]) * float(setting["batch_size"])}
+        return np.array([1.0] + [0.5 * math.log(v[col]) if name == "width" else math.log(v[col])
+                                 for name, col in FACTORS if name in self.factors])
+
+    def _delta(self, step) -> float:
+        return float(_time_feature(self.law, [float(step)])[0] - _time_feature(self.law, [self.t_ref])[0])
+
+    def predict(self, step, **setting) -> float:
+        """The law's ‖H_K‖ at `step` for `setting` (the regression, never a configuration's own level)."""
+        return float(math.exp(float(self._x0(setting) @ self.beta) + self.slope * self._delta(step)))
+
+    def interval(self, step, n_runs: int = NEW_RUNS, **setting) -> tuple[float, float, float]:
+        """(point, low, high) of the mean of `n_runs` new runs' ‖H_K‖ at `step` (module docstring)."""
+        x0, delta = self._x0(setting), self._delta(step)
+        own = self.levels.get(config_key(setting))
+        if own is not None and self.df_run > 0:  # a seen configuration: its own level
+            level, parts = own[0], [(self.run_sd ** 2 * (1 / own[1] + 1 / n_runs), self.df_run)]
+        else:
+            level = float(x0 @ self.beta)
+            parts = [(self.s2 * (1 + float(x0 @ self.xtx_inv @ x0)), self.df)]
+        if delta != 0:
+            parts.append((self.slope_sd ** 2 * (1 + 1 / self.n_configs) * delta ** 2, self.n_configs - 1))
+        parts.append((self.rec_sd ** 2 / n_runs, self.df_rec))
+        point = level + self.slope * delta
+        var = sum(v for v, _ in parts)
+        if not all(math.isfinite(v) and (v == 0 or d > 0) for v, d in parts) or var <= 0:
+            return math.exp(point), math.nan, math.nan
+        dof = var ** 2 / sum(v ** 2 / d for v, d in parts if v > 0)  # Welch–Satterthwaite
+        half = _t_quantile(dof) * math.sqrt(var)
+        return math.exp(point), math.exp(point - half), math.exp(point + half)
+
+    def formula(self) -> str:
+        c = self.coef
+        t = "ln t" if self.law == "power" else "ln(ln t)"
+        parts = [f"{c[0]:.3f}", f"{c[1]:+.3f}·{t}"] + [f"{v:+.3f}·{_NAMES[f]}" for f, v in zip(self.factors, c[2:])]
+        return "ln ‖H_K‖ = " + " ".join(parts)
+
+
+@dataclass
+class _Arrays:
+    """The fit records as arrays: CONFIG columns, run index, step, ln ‖H_K‖."""
+    cfg: np.ndarray
+    run: np.ndarray
+    step: np.ndarray
+    y: np.ndarray
+
+    @classmethod
+    def of(cls, records: pd.DataFrame) -> "_Arrays":
+        return cls(records[list(CONFIG)].to_numpy(float), pd.factorize(records["run"], sort=True)[0],
+                   records["step"].to_numpy(float), np.log(records["norm_K"].to_numpy(float)))
+
+    def subset(self, mask: np.ndarray) -> "_Arrays":
+        return _Arrays(self.cfg[mask], pd.factorize(self.run[mask], sort=True)[0], self.step[mask], self.y[mask])
+
+    @property
+    def keys(self) -> np.ndarray:
+        return np.unique(self.cfg, axis=0)
+
+
+@dataclass
+class _Lines:
+    """Per run (rows): its configuration (CONFIG columns), number of records, level at t_ref and
+    slope of its line in τ, and the residual sum of squares about it; `keys`/`inv`: the distinct
+    configurations and each run's index into them."""
+    cfg: np.ndarray
+    n: np.ndarray
+    level: np.ndarray
+    slope: np.ndarray
+    rss: np.ndarray
+    keys: np.ndarray
+    inv: np.ndarray
+
+    def per_config(self, v: np.ndarray) -> np.ndarray:
+        return np.bincount(self.inv, v, len(self.keys)) / np.bincount(self.inv, minlength=len(self.keys))
+
+
+def _reference_step(a: _Arrays) -> float:
+    """The median over configurations of their last logged step."""
+    keys, inv = np.unique(a.cfg, axis=0, return_inverse=True)
+    last = np.zeros(len(keys))
+    np.maximum.at(last, np.asarray(inv).ravel(), a.step)
+    return float(np.median(last))
+
+
+def _run_lines(a: _Arrays, law: str, t_ref: float) -> _Lines:
+    R = int(a.run.max()) + 1
+    x = _time_feature(law, a.step) - float(_time_feature(law, [t_ref])[0])
+    n = np.bincount(a.run, minlength=R).astype(float)
+    sx, sy = np.bincount(a.run, x, R), np.bincount(a.run, a.y, R)
+    sxx = np.bincount(a.run, x * x, R) - sx ** 2 / n
+    sxy = np.bincount(a.run, x * a.y, R) - sx * sy / n
+    syy = np.bincount(a.run, a.y * a.y, R) - sy ** 2 / n
+    ok = sxx > 1e-12 * n  # a line needs two different steps
+    slope = np.where(ok, sxy / np.where(ok, sxx, 1.0), 0.0)
+    level = sy / n - slope * sx / n
+    rss = np.clip(syy - slope * sxy, 0.0, None)
+    cfg = a.cfg[np.unique(a.run, return_index=True)[1]][ok]
+    keys, inv = np.unique(cfg, axis=0, return_inverse=True)
+    return _Lines(cfg, n[ok], level[ok], slope[ok], rss[ok], keys, np.asarray(inv).ravel())
+
+
+def _fit(a: _Arrays, law: str, factors: tuple, t_ref: Optional[float] = None) -> LawFit:
+    if t_ref is None:
+        t_ref = _reference_step(a)
+    runs = _run_lines(a, law, t_ref)
+    if not len(runs.level):
+        raise DriftLawError("no run has logged ‖H_K‖ at two different steps in the fit window")
+    level, slope = runs.per_config(runs.level), runs.per_config(runs.slope)
+    n_runs = np.bincount(runs.inv, minlength=len(runs.keys))
+    within = runs.level - level[runs.inv]
+    n = len(runs.keys)
+    df_run = int(len(runs.level) - n)
+    df_rec = int(np.clip(runs.n - 2, 0, None).sum())
+    X = _features(runs.keys, factors)
+    beta, *_ = np.linalg.lstsq(X, level, rcond=None)
+    df = int(n - X.shape[1])
+    s2 = float(np.sum((level - X @ beta) ** 2) / df) if df > 0 else math.nan
+    levels = {tuple(float(v) for v in k): (float(lv), int(c)) for k, lv, c in zip(runs.keys, level, n_runs)}
+    out = LawFit(law, factors, float(t_ref), beta, float(slope.mean()), np.linalg.pinv(X.T @ X), s2, df,
+                 float(slope.std(ddof=1)) if n > 1 else math.nan, n,
+                 math.sqrt(float((within ** 2).sum()) / df_run) if df_run > 0 else math.nan, df_run,
+                 math.sqrt(float(runs.rss.sum()) / df_rec) if df_rec > 0 else math.nan, df_rec, levels)
+    pred = _features(a.cfg, factors) @ beta + out.slope * (_time_feature(law, a.step)
+                                                           - float(_time_feature(law, [t_ref])[0]))
+    ss = float(np.sum((a.y - a.y.mean()) ** 2))
+    out.r2 = 1.0 - float(np.sum((a.y - pred) ** 2)) / ss if ss > 0 else math.nan
+    return out
+
+
+def fit(records: pd.DataFrame, law: str, factors: tuple, t_ref: Optional[float] = None) -> LawFit:
+    """The two-stage fit of one law (module docstring)."""
+    return _fit(_Arrays.of(records), law, factors, t_ref)
+
+
+def fit_records(logs: pd.DataFrame, condition_id: str = DRIFTING, until: float = 1.0) -> pd.DataFrame:
+    """The log records the law is fitted on: one condition, steps > 1, positive finite norms,
+    each run's steps up to `until` × its last step, from FIT_FROM_FRACTION of the last step kept on."""
     missing = [c for c in LOG_COLUMNS if c not in logs.columns]
     if missing:
         raise DriftLawError(f"training logs lack the column(s) {', '.join(missing)}")
     df = logs[logs["condition_id"] == condition_id].copy()
-    for c in ("step", "norm_K", "d_model", "n_layers", "lr"):
+    for c in ("step", "norm_K") + CONFIG:
         df[c] = pd.to_numeric(df[c], errors="coerce")
-    df = df[(df.step > 1) & np.isfinite(df.norm_K) & (df.norm_K > 0) & (df.d_model > 0) & (df.n_layers > 0)
-            & (df.lr > 0)]
+    bad = df[list(CONFIG)].isna().any(axis=1) | (df[list(CONFIG)] <= 0).any(axis=1)
+    if bad.any():
+        r = df[bad].iloc[0]
+        raise DriftLawError(f"run {r['run']} has no positive {', '.join(c for c in CONFIG if not r[c] > 0)} "
+                            "in its training log")
+    df = df[(df.step > 1) & np.isfinite(df.norm_K) & (df.norm_K > 0)]
+    df = df[df.step <= until * df.groupby("run").step.transform("max")]
     last = df.groupby("run").step.transform("max")
-    return df[df.step >= FIT_FROM_FRACTION * last]
-
-
-def _config_key(df: pd.DataFrame) -> pd.Series:
-    return df.d_model.astype(str) + "/" + df.n_layers.astype(str) + "/" + df.lr.astype(str)
+    return _with_tokens(df[df.step >= FIT_FROM_FRACTION * last])
 
 
 @dataclass
@@ -145,9 +316,14 @@ class Prediction:
     name: str
     setting: dict
     step: int
-    by_law: dict = field(default_factory=dict)  # law -> (prediction, low, high)
+    by_law: dict = field(default_factory=dict)  # law -> (point, low, high)
     reason: str = ""  # why there is no prediction
-    exponent_spread: tuple = (math.nan, math.nan)  # the power law with each configuration's own time exponent
+    note: str = ""  # an assumption the prediction needs
+    seen: bool = False  # the fit has runs of exactly this configuration
+
+    @property
+    def point(self) -> float:
+        return self.by_law["power"][0] if self.by_law else math.nan
 
     @property
     def band(self) -> tuple[float, float]:
@@ -155,98 +331,77 @@ class Prediction:
         return (min(x[1] for x in v), max(x[2] for x in v)) if v else (math.nan, math.nan)
 
 
+def _final(g: pd.DataFrame) -> tuple[int, float, int]:
+    """(mean last step, mean ‖H_K‖ at each run's last logged step, runs) of a set of records."""
+    last = g.loc[g.groupby("run").step.idxmax()]
+    return int(round(last.step.mean())), float(last.norm_K.mean()), int(last.run.nunique())
+
+
 @dataclass
 class DriftLaw:
-    records: pd.DataFrame
+    records: Optional[pd.DataFrame]  # the fit records (None where only the arrays were kept)
     factors: tuple
     fits: dict  # law -> LawFit
-    boot: dict  # law -> list of LawFit
-    run_scatter: dict = field(default_factory=dict)  # law -> std of the runs' mean log residual about their configuration's
-    config_scatter: dict = field(default_factory=dict)  # law -> std of the configurations' mean log residual
-    own_exponents: dict = field(default_factory=dict)  # (d_model, n_layers, lr) -> its own power-law time exponent
+    data: _Arrays = field(repr=False, default=None)
+
+    @property
+    def own_exponents(self) -> dict:
+        """configuration key -> its own power-law time exponent (mean over its runs)."""
+        return self._own("power")
+
+    def _own(self, law: str) -> dict:
+        runs = _run_lines(self.data, law, self.fits[law].t_ref)
+        return {tuple(float(v) for v in k): float(b) for k, b in zip(runs.keys, runs.per_config(runs.slope))}
 
     def seen(self, **setting) -> bool:
         """Whether the fit has runs of exactly this configuration."""
-        return any(all(math.isclose(setting[c], float(v), rel_tol=1e-9) for c, v in zip(("d_model", "n_layers", "lr"), k))
-                   for k in self.own_exponents)
+        return config_key(setting) in self.fits["power"].levels
 
-    def exponent_spread(self, step: int, **setting) -> tuple[float, float]:
-        """The power law's value at `step` re-extrapolated from the last fitted step with each
-        configuration's own time exponent: (lowest, highest)."""
-        t0 = float(self.records.step.max())
-        base = self.fits["power"].predict(t0, **setting)
-        v = [base * (step / t0) ** e for e in self.own_exponents.values() if math.isfinite(e)]
-        return (min(v), max(v)) if v and step > t0 else (math.nan, math.nan)
-
-    def predict(self, name: str, step: int, n_runs: int = 3, **setting) -> Prediction:
-        """The law at (step, setting), with a 95% band for the mean of `n_runs` new runs: the
-        bootstrap spread of the law plus the run-to-run scatter of the fitted runs, and the
-        configurations' lack of fit where the setting is not one the law was fitted on."""
-        p = Prediction(name, setting, int(step))
-        rng = np.random.default_rng(BOOTSTRAP_SEED + 1)
-        data = self.records
+    def predict(self, name: str, step: int, n_runs: int = NEW_RUNS, **setting) -> Prediction:
+        """Point and 95% interval of each law at (step, setting), for the mean of `n_runs` new runs."""
+        missing = [c for c in CONFIG if c not in setting]
+        if missing:
+            raise DriftLawError(f"setting {name!r} lacks {', '.join(missing)}")
+        p = Prediction(name, {c: float(setting[c]) for c in CONFIG}, int(step))
+        x = np.array([config_key(p.setting)])
+        keys = np.array(list(self.fits["power"].levels))
+        notes = []
         for fname, col in FACTORS:
-            if fname not in self.factors:
-                seen = sorted(set(data[col].astype(float)))
-                if not any(math.isclose(setting[col], v, rel_tol=1e-9) for v in seen):
-                    p.reason = (f"the runs do not vary {fname} ({col} = {', '.join(f'{v:g}' for v in seen)}); "
-                                f"{col} = {setting[col]:g} is not predicted")
-                    return p
-        new_config = not self.seen(**setting)
+            if fname in self.factors:
+                continue
+            here, seen = float(_factor_column(x, col)[0]), sorted(set(_factor_column(keys, col).tolist()))
+            if any(math.isclose(here, v, rel_tol=1e-9) for v in seen):
+                continue
+            what = f"{col} = {', '.join(f'{v:g}' for v in seen)}"
+            if fname in ASSUMED:
+                notes.append(f"assumes no effect of {fname} per step (the runs do not vary it: {what}; here {here:g})")
+            else:
+                p.reason = f"the runs do not vary {fname} ({what}); {col} = {here:g} is not predicted"
+                return p
+        p.note = "; ".join(notes)
+        p.seen = self.seen(**p.setting)
         for law in LAWS:
-            sd = math.hypot(self.run_scatter.get(law, 0.0) / math.sqrt(max(1, n_runs)),
-                            self.config_scatter.get(law, 0.0) if new_config else 0.0)
-            draws = [b.predict(step, **setting) * math.exp(rng.normal(0.0, sd)) for b in self.boot[law]]
-            lo, hi = (float(np.percentile(draws, 2.5)), float(np.percentile(draws, 97.5))) if draws else \
-                (math.nan, math.nan)
-            p.by_law[law] = (self.fits[law].predict(step, **setting), lo, hi)
-        p.exponent_spread = self.exponent_spread(step, **setting)
+            p.by_law[law] = self.fits[law].interval(step, n_runs, **p.setting)
         return p
 
 
-def fit_drift_law(records: pd.DataFrame, n_boot: int = BOOTSTRAP, seed: int = BOOTSTRAP_SEED) -> DriftLaw:
+def _law(a: _Arrays, records: Optional[pd.DataFrame] = None) -> DriftLaw:
+    if len(a.y) == 0 or int(a.run.max()) < 1:
+        raise DriftLawError("the drift law needs the training logs of at least two runs of the condition")
+    factors = _identifiable(a.keys)
+    return DriftLaw(records, factors, {law: _fit(a, law, factors) for law in LAWS}, a)
+
+
+def fit_drift_law(records: pd.DataFrame) -> DriftLaw:
     if records.empty or records.run.nunique() < 2:
         raise DriftLawError("the drift law needs the training logs of at least two runs of the condition")
-    factors = identifiable_factors(records)
-    fits = {law: fit(records, law, factors) for law in LAWS}
-    rng = np.random.default_rng(seed)
-    boot: dict = {law: [] for law in LAWS}
-    # per run: its rows of each law's design matrix and its log norms; a resample stacks whole
-    # runs drawn with replacement within each configuration (width, depth, lr)
-    y_all = np.log(records["norm_K"].to_numpy(float))
-    X_all = {law: _design(records, law, factors) for law in LAWS}
-    cfg_key = _config_key(records).to_numpy()
-    run_ids = records["run"].to_numpy()
-    groups = []
-    for cfg in sorted(set(cfg_key)):
-        runs = list(dict.fromkeys(run_ids[cfg_key == cfg]))  # in order of appearance
-        groups.append([np.flatnonzero(run_ids == r) for r in runs])
-    for _ in range(n_boot):
-        rows = np.concatenate([g[i] for g in groups for i in rng.integers(0, len(g), len(g))])
-        for law in LAWS:
-            coef, *_ = np.linalg.lstsq(X_all[law][rows], y_all[rows], rcond=None)
-            boot[law].append(LawFit(law, factors, coef, math.nan))
-    run_scatter, config_scatter = {}, {}
-    for law_, f in fits.items():
-        resid = pd.Series(y_all - X_all[law_] @ f.coef, index=records.index)
-        per_run = resid.groupby(records["run"]).mean()
-        run_cfg = pd.Series(cfg_key, index=records.index).groupby(records["run"]).first()
-        per_cfg = per_run.groupby(run_cfg).mean()
-        within = per_run - run_cfg.map(per_cfg)
-        dof = len(per_run) - len(per_cfg)
-        run_scatter[law_] = float(math.sqrt((within ** 2).sum() / dof)) if dof > 0 else 0.0
-        config_scatter[law_] = float(per_cfg.std(ddof=1)) if len(per_cfg) > 1 else 0.0
-    own = {}
-    for (d, L, lr), g in records.groupby(["d_model", "n_layers", "lr"], sort=True):
-        x = np.log(g.step.to_numpy(float))
-        own[(float(d), float(L), float(lr))] = \
-            float(np.polyfit(x, np.log(g.norm_K.to_numpy(float)), 1)[0]) if np.ptp(x) > 0 else math.nan
-    return DriftLaw(records, factors, fits, boot, run_scatter, config_scatter, own)
+    records = records if "tokens" in records else _with_tokens(records)
+    return _law(_Arrays.of(records), records)
 
 
 def _setting(df: pd.DataFrame) -> dict:
     row = df.iloc[0]
-    return {"d_model": float(row.d_model), "n_layers": float(row.n_layers), "lr": float(row.lr)}
+    return {c: float(row[c]) for c in CONFIG}
 
 
 @dataclass
@@ -262,46 +417,268 @@ class HeldOut:
         return None if not math.isfinite(lo) else bool(lo <= self.observed <= hi)
 
 
-def held_out_check(records: pd.DataFrame, experiment: str, **kw) -> HeldOut:
+def held_out_check(records: pd.DataFrame, experiment: str) -> HeldOut:
     """Fit without `experiment`'s runs, predict their final ‖H_K‖, compare with the measurement."""
     test = records[records.experiment == experiment]
     if test.empty:
         raise DriftLawError(f"held-out experiment {experiment!r} has no training logs of the condition")
-    if test[["d_model", "n_layers", "lr"]].drop_duplicates().shape[0] != 1:
+    if test[list(CONFIG)].drop_duplicates().shape[0] != 1:
         raise DriftLawError(f"held-out experiment {experiment!r} mixes configurations; hold out one at a time")
-    law = fit_drift_law(records[records.experiment != experiment], **kw)
-    last = test.loc[test.groupby("run").step.idxmax()]
-    step = int(round(last.step.mean()))
-    pred = law.predict(f"held-out {experiment}", step, n_runs=int(last.run.nunique()), **_setting(test))
-    return HeldOut(experiment, float(last.norm_K.mean()), pred, int(last.run.nunique()))
+    law = fit_drift_law(records[records.experiment != experiment])
+    step, observed, n = _final(test)
+    return HeldOut(experiment, observed, law.predict(f"held-out {experiment}", step, n_runs=n, **_setting(test)), n)
+
+
+def _coverage_row(check: str, g: pd.DataFrame, p: Optional[Prediction], measured: float, step: int,
+                  runs: int, reason: str = "") -> dict:
+    row = {"check": check, **{c: float(g[c].iloc[0]) for c in CONFIG},
+           "experiments": ",".join(sorted(g.experiment.unique())), "runs": runs, "step": step, "measured": measured}
+    for law in LAWS:
+        v = p.by_law.get(law, (math.nan,) * 3) if p is not None else (math.nan,) * 3
+        row[law], row[f"{law}_low"], row[f"{law}_high"] = v
+        row[f"{law}_inside"] = bool(v[1] <= measured <= v[2]) if math.isfinite(v[1]) else None
+    lo, hi = p.band if p is not None else (math.nan, math.nan)
+    row["band_low"], row["band_high"] = lo, hi
+    row["inside"] = bool(lo <= measured <= hi) if math.isfinite(lo) else None
+    row["measured_over_power"] = measured / row["power"] if p is not None and p.by_law else math.nan
+    row["reason"] = reason or (p.reason if p is not None else "")
+    return row
+
+
+def _finals(records: pd.DataFrame) -> pd.DataFrame:
+    """Per configuration: its first record (for the setting), mean last step, mean ‖H_K‖ at each
+    run's last logged step, runs."""
+    last = records.loc[records.groupby("run")["step"].idxmax()]
+    return last.groupby(list(CONFIG), sort=True).agg(step=("step", "mean"), measured=("norm_K", "mean"),
+                                                     runs=("run", "nunique")).reset_index()
+
+
+def leave_one_configuration_out(records: pd.DataFrame) -> pd.DataFrame:
+    """For each configuration: the law fitted without its runs, its final ‖H_K‖ predicted as an
+    unseen configuration's."""
+    rows = []
+    a = _Arrays.of(records)
+    for f in _finals(records).to_dict("records"):
+        setting = {c: f[c] for c in CONFIG}
+        g = records.loc[np.all(a.cfg == np.array(config_key(setting)), axis=1)]
+        step, n = int(round(f["step"])), int(f["runs"])
+        try:
+            law = _law(a.subset(~np.all(a.cfg == np.array(config_key(setting)), axis=1)))
+            p = law.predict("loco", step, n_runs=n, **setting)
+        except DriftLawError as e:
+            rows.append(_coverage_row("leave-one-configuration-out", g, None, f["measured"], step, n, str(e)))
+            continue
+        rows.append(_coverage_row("leave-one-configuration-out", g, p, f["measured"], step, n))
+    return pd.DataFrame(rows)
+
+
+def time_split(logs: pd.DataFrame, condition_id: str = DRIFTING, fraction: float = TIME_SPLIT) -> pd.DataFrame:
+    """The law fitted on each run's steps up to `fraction` of its last step; each configuration's
+    final ‖H_K‖ (its runs' last logged step) predicted from it (a seen configuration)."""
+    full, early = fit_records(logs, condition_id), fit_records(logs, condition_id, until=fraction)
+    law = fit_drift_law(early)
+    rows = []
+    cfg = full[list(CONFIG)].to_numpy(float)
+    for f in _finals(full).to_dict("records"):
+        setting = {c: f[c] for c in CONFIG}
+        step, n = int(round(f["step"])), int(f["runs"])
+        g = full.loc[np.all(cfg == np.array(config_key(setting)), axis=1)]
+        rows.append(_coverage_row("time-split", g, law.predict("time split", step, n_runs=n, **setting),
+                                  f["measured"], step, n))
+    return pd.DataFrame(rows)
+
+
+def coverage(logs: pd.DataFrame, condition_id: str = DRIFTING) -> pd.DataFrame:
+    """Both checks' rows (drift_law_coverage.csv)."""
+    return pd.concat([leave_one_configuration_out(fit_records(logs, condition_id)), time_split(logs, condition_id)],
+                     ignore_index=True)
+
+
+def coverage_counts(cov: pd.DataFrame, check: str, column: str = "inside") -> tuple[int, int, int]:
+    """(inside, predicted, not predicted) of one check."""
+    c = cov[cov.check == check][column]
+    done = c.dropna()
+    return int(done.astype(bool).sum()), int(len(done)), int(len(c) - len(done))
 
 
 def per_configuration(law: DriftLaw) -> pd.DataFrame:
-    """How well the one law holds per configuration (width, depth, lr): its own time exponent
-    (a power law in t fitted on that configuration's records alone), the measured final ‖H_K‖
-    (mean over its runs at their last logged step) and what each law says there. A shared
-    time exponent is the law's strongest assumption; this is where to see it fail."""
-    r = law.records
+    """How well the one law holds per configuration: its own time exponent (the mean of its runs'
+    power-law exponents), the measured final ‖H_K‖ (mean over its runs at their last logged step)
+    and what each law's regression says there. A shared time exponent is the law's strongest
+    assumption; this is where to see it fail."""
+    own = law.own_exponents
     rows = []
-    for (d, L, lr), g in r.groupby(["d_model", "n_layers", "lr"], sort=True):
-        last = g.loc[g.groupby("run").step.idxmax()]
-        step = int(round(last.step.mean()))
-        own = law.own_exponents[(float(d), float(L), float(lr))]
-        measured = float(last.norm_K.mean())
-        row = {"d_model": d, "n_layers": L, "lr": lr, "experiments": ",".join(sorted(g.experiment.unique())),
-               "runs": int(g.run.nunique()), "step": step, "own_time_exponent": own, "measured": measured}
+    for key, g in law.records.groupby(list(CONFIG), sort=True):
+        step, measured, n = _final(g)
+        s = _setting(g)
+        row = {**s, "experiments": ",".join(sorted(g.experiment.unique())), "runs": n, "step": step,
+               "own_time_exponent": own.get(config_key(s), math.nan), "measured": measured}
         for name, f in law.fits.items():
-            pred = f.predict(step, d_model=d, n_layers=L, lr=lr)
+            pred = f.predict(step, **s)
             row[name] = pred
             row[f"{name}_ratio"] = measured / pred
         rows.append(row)
     return pd.DataFrame(rows)
 
 
+def _paper_setting(m: dict) -> dict:
+    return {"d_model": m["d_model"], "n_layers": m["n_layers"], "lr": m["lr"], "seq_len": m["seq_len"],
+            "batch_size": m["batch_size"]}
+
+
 def paper_predictions(law: DriftLaw) -> list[Prediction]:
     steps = PAPER_TARGETS()
-    return [law.predict(name, steps[name], d_model=m["d_model"], n_layers=m["n_layers"], lr=m["lr"])
-            for name, m in paper.PAPER_MODELS.items()]
+    return [law.predict(name, steps[name], **_paper_setting(m)) for name, m in paper.PAPER_MODELS.items()]
+
+
+# ---------------------------------------------------------------------------
+# pre-registration: predictions for settings before they run, and their check
+# ---------------------------------------------------------------------------
+PREREG_FIELDS = ("experiment", "size", "step", "point", "lo", "hi", "law_commit")
+
+
+def _normalise_setting(raw: dict, where: str) -> dict:
+    """A setting's names mapped onto CONFIG (SETTING_KEYS); `step`, `runs`, `experiment`, `size` kept."""
+    out: dict = {}
+    for k, v in raw.items():
+        k = str(k).strip()
+        if k in ("experiment", "size"):
+            out[k] = str(v)
+            continue
+        name = SETTING_KEYS.get(k, k if k in ("step", "runs") else None)
+        if name is None:
+            raise DriftLawError(f"{where}: unknown setting {k!r} (use {', '.join(sorted(set(SETTING_KEYS)))}, "
+                                "step, runs, experiment, size)")
+        try:
+            out[name] = float(v)
+        except (TypeError, ValueError):
+            raise DriftLawError(f"{where}: {k} = {v!r} is not a number") from None
+        if not out[name] > 0:
+            raise DriftLawError(f"{where}: {k} = {v!r} is not positive")
+    missing = [c for c in CONFIG + ("step",) if c not in out]
+    if missing:
+        raise DriftLawError(f"{where}: the setting lacks {', '.join(missing)}")
+    return out
+
+
+def parse_setting(text: str, step: Optional[float] = None) -> dict:
+    """'d=64,layers=2,lr=1e-3,seq=64,batch=16' (and `step`) -> a normalised setting."""
+    raw: dict = {}
+    for part in filter(None, (x.strip() for x in text.split(","))):
+        k, sep, v = part.partition("=")
+        if not sep:
+            raise DriftLawError(f"--setting {text!r}: {part!r} is not name=value")
+        raw[k.strip()] = v.strip()
+    if step is not None:
+        raw["step"] = step
+    return _normalise_setting(raw, f"--setting {text!r}")
+
+
+def read_settings(path) -> list[dict]:
+    """A YAML list of settings (each a mapping with d, layers, lr, seq, batch, step; optionally runs,
+    experiment, size), or a mapping with the list under `settings`."""
+    import yaml
+    p = Path(path)
+    try:
+        doc = yaml.safe_load(p.read_text())
+    except FileNotFoundError:
+        raise DriftLawError(f"{p}: no such file") from None
+    except yaml.YAMLError as e:
+        raise DriftLawError(f"{p}: not readable YAML ({getattr(e, 'problem', None) or type(e).__name__})") from None
+    items = doc.get("settings") if isinstance(doc, dict) else doc
+    if not isinstance(items, list) or not items or not all(isinstance(x, dict) for x in items):
+        raise DriftLawError(f"{p}: expected a list of settings (mappings), or one under `settings`")
+    return [_normalise_setting(x, f"{p} item {i}") for i, x in enumerate(items)]
+
+
+def predict_settings(law: DriftLaw, settings: list[dict], law_commit: Optional[str] = None) -> pd.DataFrame:
+    """Point (the power law) and 95% interval (spanning both laws) for each setting, one row each,
+    with the fields a preregistration.yaml's `drift_predictions` takes."""
+    if law_commit is None:
+        from ..io import git_commit
+        law_commit = git_commit() or "unknown"
+    rows = []
+    for s in settings:
+        cfg = {c: s[c] for c in CONFIG}
+        n = int(s.get("runs", NEW_RUNS))
+        label = ", ".join(f"{k} {cfg[k]:g}" for k in CONFIG)
+        p = law.predict(label, int(s["step"]), n_runs=n, **cfg)
+        lo, hi = p.band
+        row = {"experiment": s.get("experiment", ""), "size": s.get("size", ""), "step": int(s["step"]), **cfg,
+               "runs": n, "point": p.point, "lo": lo, "hi": hi}
+        for lw in LAWS:
+            row[lw], row[f"{lw}_low"], row[f"{lw}_high"] = p.by_law.get(lw, (math.nan,) * 3)
+        row.update(seen=p.seen, note=p.note, reason=p.reason, law_commit=law_commit)
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def predictions_yaml(table: pd.DataFrame) -> str:
+    """`drift_predictions:` entries of a preregistration.yaml for the rows of predict_settings."""
+    import yaml
+    items = []
+    for r in table.itertuples():
+        item = {"experiment": r.experiment, "size": r.size, "step": int(r.step)}
+        item.update({k: float(f"{getattr(r, k):.6g}") for k in ("point", "lo", "hi")})
+        item["law_commit"] = r.law_commit
+        item["setting"] = ", ".join(f"{c} {getattr(r, c):g}" for c in CONFIG) + f", runs {r.runs}"
+        if r.note:
+            item["note"] = r.note
+        items.append(item)
+    return yaml.safe_dump({"drift_predictions": items}, sort_keys=False, allow_unicode=True)
+
+
+def read_preregistrations(studies_dir) -> list[dict]:
+    """Every studies/*/preregistration.yaml's `drift_predictions`, each with its `study` (the folder)."""
+    import yaml
+    out = []
+    for f in sorted(Path(studies_dir).glob("*/preregistration.yaml")):
+        try:
+            doc = yaml.safe_load(f.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise DriftLawError(f"{f}: not readable YAML ({getattr(e, 'problem', None) or type(e).__name__})") \
+                from None
+        items = doc.get("drift_predictions") if isinstance(doc, dict) else None
+        if items is None:
+            continue
+        if not isinstance(items, list):
+            raise DriftLawError(f"{f}: drift_predictions is not a list")
+        for i, x in enumerate(items):
+            missing = [k for k in PREREG_FIELDS if not isinstance(x, dict) or x.get(k) is None]
+            if missing:
+                raise DriftLawError(f"{f}: drift_predictions[{i}] lacks {', '.join(missing)}")
+            try:
+                vals = {k: float(x[k]) for k in ("step", "point", "lo", "hi")}
+            except (TypeError, ValueError):
+                raise DriftLawError(f"{f}: drift_predictions[{i}] has a step, point, lo or hi that is not a number") \
+                    from None
+            out.append({"study": f.parent.name, "experiment": str(x["experiment"]), "size": str(x["size"]),
+                        **vals, "step": int(vals["step"]), "law_commit": str(x["law_commit"])})
+    return out
+
+
+def measure_preregistered(pred: dict, results_root, condition_id: str = DRIFTING) -> dict:
+    """What results/<experiment>/train_norms.csv measured for one pre-registered prediction: the
+    mean over the size's runs of ‖H_K‖ at the logged step within MATCH_STEP of the predicted one."""
+    p = Path(results_root) / pred["experiment"] / "train_norms.csv"
+    row = dict(pred, measured=math.nan, logged_step=math.nan, runs=0, verdict="")
+    if not p.is_file():
+        row["verdict"] = f"not measured yet (no {p})"
+        return row
+    df = pd.read_csv(p)
+    df = df[(df.condition_id == condition_id) & (df["size"].astype(str) == pred["size"])]
+    if df.empty:
+        row["verdict"] = f"not measured yet (no {pred['size']} runs of {condition_id} in {p})"
+        return row
+    near = df.loc[(df.step - pred["step"]).abs().groupby(df.run).idxmin()]
+    near = near[(near.step - pred["step"]).abs() <= MATCH_STEP * pred["step"]]
+    if near.empty:
+        row["verdict"] = f"not measured yet (logged up to step {int(df.step.max()):,})"
+        return row
+    m = float(near.norm_K.mean())
+    row.update(measured=m, logged_step=int(round(near.step.mean())), runs=int(near.run.nunique()),
+               verdict="inside" if pred["lo"] <= m <= pred["hi"] else "outside")
+    return row
 
 
 # ---------------------------------------------------------------------------
@@ -321,28 +698,57 @@ def read_logs(results_dirs) -> pd.DataFrame:
 
 
 def _pred_row(p: Prediction) -> dict:
-    row = {"target": p.name, "step": p.step, **p.setting, "reason": p.reason}
+    row = {"target": p.name, "step": p.step, **p.setting, "seen": p.seen}
     for law in LAWS:
-        v = p.by_law.get(law, (math.nan,) * 3)
-        row[f"{law}"], row[f"{law}_low"], row[f"{law}_high"] = v
+        row[law], row[f"{law}_low"], row[f"{law}_high"] = p.by_law.get(law, (math.nan,) * 3)
     row["band_low"], row["band_high"] = p.band
-    row["exponent_spread_low"], row["exponent_spread_high"] = p.exponent_spread
+    row["note"], row["reason"] = p.note, p.reason
     return row
 
 
-def _pred_text(p: Prediction) -> str:
-    if p.reason:
-        return f"not predicted: {p.reason}"
-    lo, hi = p.band
-    return (f"power {num(p.by_law['power'][0])}, log {num(p.by_law['log'][0])}; band {num(lo)} – {num(hi)}")
+def _interval_text(lo: float, hi: float) -> str:
+    return f"{num(lo)} – {num(hi)}" if math.isfinite(lo) else "—"
 
 
-def report(results_dirs, out_dir, holdout: Optional[str] = None, condition_id: str = DRIFTING) -> str:
-    """Fit the law on the experiments' logs, write drift_law.{csv,md} and the figure; returns the Markdown."""
+def _cfg_text(r) -> str:
+    return f"d {r['d_model']:g}, {r['n_layers']:g}L, lr {r['lr']:g}, {r['seq_len']:g}×{r['batch_size']:g}"
+
+
+def _count_text(cov: pd.DataFrame, check: str) -> str:
+    k, n, m = coverage_counts(cov, check)
+    per = ", ".join(f"{law} law alone {coverage_counts(cov, check, f'{law}_inside')[0]} of "
+                    f"{coverage_counts(cov, check, f'{law}_inside')[1]}" for law in LAWS)
+    return f"**{k} of {n} inside** the 95% band ({per})" + (f"; {m} not predicted" if m else "")
+
+
+def _tokens_text(law: DriftLaw) -> str:
+    r = law.records
+    combos = r[["seq_len", "batch_size", "tokens"]].drop_duplicates().sort_values("tokens")
+    used = ", ".join(f"{c.seq_len:g} × {c.batch_size:g} = {c.tokens:,.0f}" for c in combos.itertuples())
+    paper_tok = ", ".join(f"{n} {m['seq_len'] * m['batch_size']:,}" for n, m in paper.PAPER_MODELS.items())
+    if "tokens" in law.factors:
+        return (f"Tokens per step (context × batch, each run's own config): the runs use {used}; it enters the law "
+                f"as a factor (the paper: {paper_tok}).")
+    why = ("every run has the same tokens per step" if combos.tokens.nunique() == 1 else
+           "the configurations that vary it do not vary it independently of width, depth and lr")
+    return (f"Tokens per step (context × batch, each run's own config): the runs use {used} — {why}, so the data "
+            f"cannot identify its effect and the law omits it; a prediction at other tokens per step (the paper: "
+            f"{paper_tok}) assumes it has none and says so. Runs at another context (e.g. params.yaml's "
+            f"cpu_factorial ctx128) enter it once their train_norms.csv is among --results.")
+
+
+def _read_prereg_rows(studies_dir, results_root, condition_id: str) -> list[dict]:
+    return [measure_preregistered(x, results_root, condition_id) for x in read_preregistrations(studies_dir)]
+
+
+def report(results_dirs, out_dir, holdout: Optional[str] = None, condition_id: str = DRIFTING,
+           studies_dir="studies", results_root="results") -> str:
+    """Fit the law on the experiments' logs; write drift_law.{csv,md,png}, drift_law_configs.csv and
+    drift_law_coverage.csv; returns the Markdown. Every input is read and checked before anything is written."""
     out = Path(out_dir)
     logs = read_logs(results_dirs)
     records = fit_records(logs, condition_id)
-    lines = ["# The drift law across experiments\n"]
+    prereg = _read_prereg_rows(studies_dir, results_root, condition_id)
     rows = []
     ho = None
     if holdout:
@@ -356,67 +762,120 @@ def report(results_dirs, out_dir, holdout: Optional[str] = None, condition_id: s
         r = _pred_row(p)
         r.update(kind="paper", observed=v)
         rows.append(r)
+    for r in rows:
+        r["observed_over_power"] = r["observed"] / r["power"]
+        r["observed_over_log"] = r["observed"] / r["log"]
+    cov = coverage(logs, condition_id)
+    cfg = per_configuration(law)
+    pw, lg = law.fits["power"], law.fits["log"]
     exps = sorted(records.experiment.unique())
-    cfgs = records[["experiment", "d_model", "n_layers", "lr"]].drop_duplicates()
+    lines = ["# The drift law across experiments\n"]
     lines.append(f"Condition `{condition_id}`; {records.run.nunique()} runs of {len(exps)} experiment(s) "
-                 f"({', '.join(exps)}), {len(cfgs)} configuration(s); {len(records)} log records from "
-                 f"{FIT_FROM_FRACTION:g} × each run's last step on. Factors the data identify: "
-                 f"{', '.join(law.factors) or 'none (time only)'}.\n")
-    lines.append(md_table(["law", "fit", "R² (ln ‖H_K‖)"],
-                          [[f.law, f"`{f.formula()}`", f"{f.r2:.3f}"] for f in law.fits.values()]))
+                 f"({', '.join(exps)}), {pw.n_configs} configuration(s) (width, depth, lr, context, batch); "
+                 f"{len(records)} log records from {FIT_FROM_FRACTION:g} × each run's last step on. Factors the "
+                 f"configurations identify: {', '.join(law.factors) or 'none (time only)'}.\n")
+    lines.append(_tokens_text(law) + "\n")
+    lines.append(md_table(["law", "fit", "R² (ln ‖H_K‖, records)", "sd between configurations (df)",
+                           "configurations' own exponents: sd (df)"],
+                          [[f.law, f"`{f.formula()}`", f"{f.r2:.3f}", f"{math.sqrt(f.s2):.3f} ({f.df})"
+                            if f.df > 0 else f"— ({f.df})", f"{f.slope_sd:.3f} ({f.n_configs - 1})"]
+                           for f in law.fits.values()]))
+    lines.append(
+        f"\n**Intervals** (95%, for the mean of {NEW_RUNS} new runs unless said, in ln ‖H_K‖): the law is fitted "
+        f"in two stages — per run a line in the time feature through its records, its level at step "
+        f"{pw.t_ref:,.0f} (the median of the configurations' last logged steps) and its slope; then the "
+        f"{pw.n_configs} configurations' mean levels regressed on the factors by ordinary least squares, the "
+        f"shared time exponent being the mean of the configurations' own. An unseen configuration's interval is "
+        f"the OLS prediction interval of that regression (residual sd {math.sqrt(pw.s2) if pw.df > 0 else math.nan:.3f}"
+        f" with {pw.df} degrees of freedom, leverage x0ᵀ(XᵀX)⁻¹x0); a seen configuration's is for its own mean "
+        f"level (sd between runs of a configuration {pw.run_sd:.3f}, {pw.df_run} df, × √(1/n_j + 1/n)). "
+        f"Extrapolation in time adds a random slope: the variance of the configurations' own exponents "
+        f"(power: sd {pw.slope_sd:.3f}; log: {lg.slope_sd:.3f} per ln ln t) × (1 + 1/{pw.n_configs}) × "
+        f"(τ(t) − τ({pw.t_ref:,.0f}))², τ = ln t or ln ln t; a single logged record's scatter about its run's "
+        f"line (sd {pw.rec_sd:.3f}) / n adds last. The parts are summed and the t quantile taken at their "
+        f"Welch–Satterthwaite degrees of freedom; the band spans both laws' intervals.\n")
+    # coverage
+    lines.append("\n## Coverage of the 95% band\n")
+    lines.append(f"- Leave one configuration out (fit without it, predict its runs' mean ‖H_K‖ at their last "
+                 f"logged step as an unseen configuration): {_count_text(cov, 'leave-one-configuration-out')}.")
+    lines.append(f"- Time split (fit on each run's steps up to {TIME_SPLIT:g} × its last step, from "
+                 f"{FIT_FROM_FRACTION:g} × that on; predict the last step, a seen configuration): "
+                 f"{_count_text(cov, 'time-split')}.\n")
+    crow = []
+    for r in cov.to_dict("records"):
+        verdict = "—" if r["inside"] is None else ("inside" if r["inside"] else "outside")
+        crow.append([r["check"], _cfg_text(r), r["runs"], f"{r['step']:,}", num(r["measured"]), num(r["power"]),
+                     num(r["log"]), _interval_text(r["band_low"], r["band_high"]),
+                     f"{r['measured_over_power']:.2f}×" if math.isfinite(r["measured_over_power"]) else "—",
+                     verdict if not r["reason"] else f"not predicted: {r['reason']}"])
+    lines.append(md_table(["check", "configuration", "runs", "step", "measured ‖H_K‖", "power", "log",
+                           "95% band", "measured / power", "verdict"], crow))
     if ho is not None:
         lo, hi = ho.prediction.band
         verdict = ("inside" if ho.inside else "outside") if ho.inside is not None else "not predicted"
         lines.append(f"\n**Held-out check** (fitted without `{holdout}`, then predicted): its {ho.n_runs} run(s) "
-                     f"measured ‖H_K‖ = {num(ho.observed)} at step {ho.prediction.step:,}; predicted "
-                     f"{_pred_text(ho.prediction)} — **{verdict}** the band"
-                     + (f" (measured / band centre {ho.observed / math.sqrt(lo * hi):.2f}×)" if verdict != "not predicted"
-                        else "") + ".\n")
-    cfg = per_configuration(law)
-    lines.append(f"\n**Per configuration** (the law's shared time exponent: power {law.fits['power'].coef[1]:.3f}; "
-                 "each configuration's own exponent from its records alone; measured = mean over its runs at "
-                 "their last logged step):\n")
+                     f"measured ‖H_K‖ = {num(ho.observed)} at step {ho.prediction.step:,}; predicted power "
+                     f"{num(ho.prediction.by_law.get('power', (math.nan,))[0])}, log "
+                     f"{num(ho.prediction.by_law.get('log', (math.nan,))[0])}, 95% band {_interval_text(lo, hi)} — "
+                     f"**{verdict}** the band"
+                     + (f" (measured / power point {ho.observed / ho.prediction.point:.2f}×)"
+                        if math.isfinite(ho.prediction.point) else "") + ".\n")
+    lines.append(f"\n## Per configuration\n\nThe law's shared time exponent: power {pw.slope:.3f} (the mean of the "
+                 "configurations' own, each the mean of its runs' exponents); measured = mean over its runs at "
+                 "their last logged step; the laws' values are the regression's, not the configuration's own level.\n")
     lines.append(md_table(
-        ["d", "layers", "lr", "runs", "step", "own time exponent", "measured ‖H_K‖", "power law", "log law",
-         "measured / power"],
-        [[f"{c.d_model:g}", f"{c.n_layers:g}", f"{c.lr:g}", c.runs, f"{c.step:,}", f"{c.own_time_exponent:+.3f}",
-          num(c.measured), num(c.power), num(c["log"]), f"{c.power_ratio:.2f}×"] for _, c in cfg.iterrows()]))
+        ["d", "layers", "lr", "seq × batch", "runs", "step", "own time exponent", "measured ‖H_K‖", "power law",
+         "log law", "measured / power"],
+        [[f"{c.d_model:g}", f"{c.n_layers:g}", f"{c.lr:g}", f"{c.seq_len:g} × {c.batch_size:g}", c.runs,
+          f"{c.step:,}", f"{c.own_time_exponent:+.3f}", num(c.measured), num(c.power), num(c["log"]),
+          f"{c.power_ratio:.2f}×"] for _, c in cfg.iterrows()]))
     prow = []
     for p, (name, v) in zip(preds, paper.NORM_K_PER_LOOP_RMSNORM.items()):
         lo, hi = p.band
-        far = ("inside the band" if lo <= v <= hi else
-               f"{v / hi:.1f}× above the band" if v > hi else f"{lo / v:.1f}× below the band") \
-            if math.isfinite(lo) else "—"
-        elo, ehi = p.exponent_spread
-        spread = f"{num(elo)} – {num(ehi)}" if math.isfinite(elo) else "—"
-        efar = ("inside" if elo <= v <= ehi else f"{v / ehi:.1f}× above" if v > ehi else f"{elo / v:.1f}× below") \
-            if math.isfinite(elo) else "—"
-        prow.append([name, f"{p.step:,}", f"d {p.setting['d_model']:g}, {p.setting['n_layers']:g} layers, "
-                     f"lr {p.setting['lr']:g}", _pred_text(p), f"{v:,}", far, spread, efar])
-    lines.append("\n**The paper's models**\n")
-    exps_ = [e for e in law.own_exponents.values() if math.isfinite(e)]
-    lines.append(md_table(["model", "steps", "setting", "predicted ‖H_K‖", "paper ‖H_K‖", "paper vs band",
-                           "exponent spread", "paper vs spread"], prow))
-    sc = ", ".join(f"{k} {law.run_scatter[k]:.3f} / {law.config_scatter[k]:.3f}" for k in LAWS)
-    lines.append(f"\nBands: 95% bootstrap over runs ({BOOTSTRAP} resamples, whole runs within each configuration) "
-                 f"with the residual scatter added (std of ln ‖H_K‖ between runs of a configuration / between "
-                 f"configurations: {sc}; the second only for a configuration the fit has not seen), spanning both "
-                 f"laws. Exponent spread: the power law from step {int(law.records.step.max()):,} on with each "
-                 f"configuration's own time exponent ({min(exps_, default=math.nan):+.3f} to "
-                 f"{max(exps_, default=math.nan):+.3f}) instead of the shared one. Steps: the paper's token stream ({paper.WIKITEXT103_TRAIN_WORDS:,} WikiText-103 "
-                 f"words × ≈{paper.PAPER_TOKENS_PER_WORD} tokens per word), 4 epochs of 257-token windows every 128 "
-                 f"tokens. An extrapolation over one to two orders of magnitude in steps and width, not a "
-                 f"measurement.\n")
+        if p.reason:
+            prow.append([name, f"{p.step:,}", _cfg_text(p.setting), f"not predicted: {p.reason}", "—", "—",
+                         f"{v:,}", "—", "—", "—"])
+            continue
+        prow.append([name, f"{p.step:,}", _cfg_text(p.setting), num(p.by_law["power"][0]), num(p.by_law["log"][0]),
+                     _interval_text(lo, hi), f"{v:,}", f"{v / p.by_law['power'][0]:.2f}×",
+                     f"{v / p.by_law['log'][0]:.2f}×",
+                     "—" if not math.isfinite(lo) else ("inside" if lo <= v <= hi else "outside")])
+    lines.append("\n## The paper's models\n")
+    lines.append(md_table(["model", "steps", "setting", "power point", "log point", "95% band", "paper ‖H_K‖",
+                           "paper / power", "paper / log", "paper vs band"], prow))
+    lines.append(f"\nUnseen configurations, {NEW_RUNS} runs. Steps: the paper's token stream "
+                 f"({paper.WIKITEXT103_TRAIN_WORDS:,} WikiText-103 words × ≈{paper.PAPER_TOKENS_PER_WORD} tokens per "
+                 f"word), 4 epochs of 257-token windows every 128 tokens. An extrapolation over one to two orders of "
+                 f"magnitude in steps and width, not a measurement.\n")
+    for p in preds:
+        if p.note:
+            lines.append(f"- {p.name} {p.note}.")
+    lines.append("\n## Pre-registered predictions vs measured\n")
+    if not prereg:
+        lines.append(f"None: no {Path(studies_dir) / '*' / 'preregistration.yaml'} with `drift_predictions`.\n")
+    else:
+        lines.append(f"Every `drift_predictions` entry of {Path(studies_dir) / '*' / 'preregistration.yaml'}; measured "
+                     f"= mean over the size's runs of `{condition_id}` of ‖H_K‖ at the logged step within "
+                     f"{MATCH_STEP:.0%} of the predicted one, from {Path(results_root)}/<experiment>/train_norms.csv.\n")
+        lines.append(md_table(
+            ["study", "experiment", "size", "step", "predicted", "95% interval", "law commit", "measured", "verdict"],
+            [[x["study"], x["experiment"], x["size"], f"{x['step']:,}", num(x["point"]),
+              _interval_text(x["lo"], x["hi"]), x["law_commit"][:10], num(x["measured"]), x["verdict"]]
+             for x in prereg]))
+        k = sum(x["verdict"] == "inside" for x in prereg)
+        n = sum(x["verdict"] in ("inside", "outside") for x in prereg)
+        lines.append(f"\n{k} of {n} measured inside their pre-registered interval; {len(prereg) - n} not measured yet.\n")
     from .. import __version__
     from ..io import atomic_write_text, git_commit
     cmd = ("loopscale report drift-law --results " + " ".join(str(d) for d in results_dirs)
            + (f" --holdout {holdout}" if holdout else "") + f" --out {out_dir}")
-    lines.append(f"Made by `{cmd}` (loopscale {__version__}, git commit {git_commit() or 'unknown'}).\n")
+    lines.append(f"\nMade by `{cmd}` (loopscale {__version__}, git commit {git_commit() or 'unknown'}).\n")
     md = "\n".join(lines)
     out.mkdir(parents=True, exist_ok=True)
     atomic_write_text(out / "drift_law.md", md)
     atomic_write_text(out / "drift_law.csv", pd.DataFrame(rows).to_csv(index=False))
     atomic_write_text(out / "drift_law_configs.csv", cfg.to_csv(index=False))
+    atomic_write_text(out / "drift_law_coverage.csv", cov.to_csv(index=False))
     _figure(law, preds, ho, out / "drift_law.png")
     return md
 
@@ -428,39 +887,34 @@ def _figure(law: DriftLaw, preds: list, ho: Optional[HeldOut], path: Path) -> No
     fig, ax = plt.subplots(figsize=(7.5, 4.8), layout="constrained")
     r = law.records
     cmap = plt.get_cmap("viridis")
-    cfgs = r[["d_model", "n_layers", "lr"]].drop_duplicates().sort_values(["d_model", "n_layers", "lr"])
-    for i, (_, c) in enumerate(cfgs.iterrows()):
-        col = cmap(i / max(1, len(cfgs) - 1))
-        g = r[(r.d_model == c.d_model) & (r.n_layers == c.n_layers) & (r.lr == c.lr)]
+    groups = list(r.groupby(list(CONFIG), sort=True))
+    for i, (key, g) in enumerate(groups):
+        col = cmap(i / max(1, len(groups) - 1))
+        s = dict(zip(CONFIG, map(float, key)))
         ax.scatter(g.step, g.norm_K, s=5, color=col, alpha=0.4, lw=0)
         t = np.geomspace(g.step.min(), max(PAPER_TARGETS().values()), 60)
-        s = dict(d_model=c.d_model, n_layers=c.n_layers, lr=c.lr)
         ax.plot(t, [law.fits["power"].predict(x, **s) for x in t], color=col, lw=1.3,
-                label=f"d {c.d_model:g}, {c.n_layers:g}L, lr {c.lr:g} (power)")
+                label=f"d {s['d_model']:g}, {s['n_layers']:g}L, lr {s['lr']:g}, {s['seq_len']:g}×{s['batch_size']:g}")
         ax.plot(t, [law.fits["log"].predict(x, **s) for x in t], color=col, lw=1.0, ls="--")
     for p, (name, v) in zip(preds, paper.NORM_K_PER_LOOP_RMSNORM.items()):
         ax.plot([p.step], [v], marker="*", ms=13, color="k", mfc="w", ls="")
         ax.annotate(f"paper {name}: {v:,}", (p.step, v), xytext=(-8, 6), textcoords="offset points", ha="right",
                     fontsize=8)
-        elo, ehi = p.exponent_spread
-        if math.isfinite(elo):  # each configuration's own time exponent, drawn just left of the band
-            ax.plot([p.step * 0.9] * 2, [elo, ehi], color="0.55", lw=3, alpha=0.6, solid_capstyle="butt")
         lo, hi = p.band
         if math.isfinite(lo):
-            ax.errorbar([p.step], [math.sqrt(lo * hi)], yerr=[[math.sqrt(lo * hi) - lo], [hi - math.sqrt(lo * hi)]],
-                        color="C3", capsize=4, lw=1.4, marker="o", ms=4)
+            ax.errorbar([p.step], [p.point], yerr=[[p.point - lo], [hi - p.point]], color="C3", capsize=4, lw=1.4,
+                        marker="o", ms=4)
     if ho is not None and math.isfinite(ho.prediction.band[0]):
         lo, hi = ho.prediction.band
-        ax.errorbar([ho.prediction.step], [math.sqrt(lo * hi)], yerr=[[math.sqrt(lo * hi) - lo],
-                                                                        [hi - math.sqrt(lo * hi)]],
-                    color="C1", capsize=4, lw=1.4, ls="")
+        pt = ho.prediction.point
+        ax.errorbar([ho.prediction.step], [pt], yerr=[[pt - lo], [hi - pt]], color="C1", capsize=4, lw=1.4, ls="")
         ax.plot([ho.prediction.step], [ho.observed], marker="D", color="C1", ls="", label=f"held out: {ho.experiment}")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("training step (log)")
     ax.set_ylabel("‖H_K‖ on the training batch (log)")
-    ax.set_title("Drift law across experiments (solid: power, dashed: log law; red: 95% band at the paper's "
-                 "targets,\ngrey: the exponent spread, each configuration's own time exponent)", fontsize=9)
+    ax.set_title("Drift law across experiments (solid: power, dashed: log law; red: power point and 95% band\n"
+                 "at the paper's targets, spanning both laws, with the spread of time exponents)", fontsize=9)
     ax.legend(fontsize=7, frameon=False)
     fig.savefig(path, dpi=120)
     fig.savefig(path.with_suffix(".pdf"))
@@ -468,7 +922,8 @@ def _figure(law: DriftLaw, preds: list, ho: Optional[HeldOut], path: Path) -> No
 
 
 def train_norms_frame(runs) -> pd.DataFrame:
-    """The per-run training logs every experiment's report writes (`train_norms.csv`)."""
+    """The per-run training logs every experiment's report writes (`train_norms.csv`); width,
+    depth, lr, context (model.seq_len) and batch (train.batch_size) from each run's own config."""
     from .aggregate import training_norms
     rows = []
     for r in runs:

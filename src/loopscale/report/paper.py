@@ -26,8 +26,8 @@ WIKITEXT103_TRAIN_WORDS = 103_227_021
 PAPER_TOKENS_PER_WORD = 2.05
 WIKITEXT103_TRAIN_TOKENS = round(WIKITEXT103_TRAIN_WORDS * PAPER_TOKENS_PER_WORD)
 # the paper's two drifting models (Table 1 recipe: AdamW lr 3e-4, 4 epochs, seq 256, stride 128)
-PAPER_MODELS = {"44M": {"d_model": 512, "n_layers": 8, "lr": 3e-4, "batch_size": 64},
-                "129M": {"d_model": 768, "n_layers": 12, "lr": 3e-4, "batch_size": 32}}
+PAPER_MODELS = {"44M": {"d_model": 512, "n_layers": 8, "lr": 3e-4, "batch_size": 64, "seq_len": 256},
+                "129M": {"d_model": 768, "n_layers": 12, "lr": 3e-4, "batch_size": 32, "seq_len": 256}}
 THROUGHPUT_129M = (80_000, 41_000, 28_000, 21_000)  # tok/s at k=1..4 (L40S)
 
 _SCALE_VISIBLE = {("raw", "terminal", "none", "residual"), ("raw", "per_loop", "none", "residual"),
