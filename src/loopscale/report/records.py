@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..registry import Condition
-from .aggregate import clamp_modes, exits, norm_final, radial_loops, training_norms
+from .aggregate import clamp_modes, exits, norm_final, norm_loops, radial_loops, training_norms
 from .runs import Run, finite
 
 CLAMP_COLUMNS = {"remove_radial": "clamp_remove_radial_delta_ce", "freeze_loop1": "clamp_freeze_loop1_delta_ce"}
@@ -40,6 +40,7 @@ class RunRecord:
     exit_ppl: list = field(default_factory=list)  # per exit k = 1..K
     exit_ce: list = field(default_factory=list)
     exit_norm: list = field(default_factory=list)  # mean per-token ‖H_k‖ of the evaluation's exits
+    norm_eval: list = field(default_factory=list)  # mean per-token ‖H_k‖ of the norms diagnostic (eval/norms.json)
     radial: list = field(default_factory=list)  # radial fraction per exit
     clamp: dict = field(default_factory=dict)  # clamp mode -> ΔCE at exit K
     norm_median: float = math.nan  # median per-token ‖H_K‖ (eval/norms.json), where the diagnostic has it
@@ -99,6 +100,7 @@ def record_of_run(run: Run) -> RunRecord:
     ex, _ = exits(run)
     rec.exit_ppl, rec.exit_ce, rec.exit_norm = (_by_k(ex, key, K) for key in ("ppl", "ce", "norm"))
     rec.radial = _by_k(radial_loops(run), "radial_fraction", K)
+    rec.norm_eval = _by_k(norm_loops(run) if run.diag("norms") else None, "norm", K)
     for mode, rows in (clamp_modes(run) or {}).items():
         if mode == "none" or not rows:
             continue
@@ -170,6 +172,8 @@ def records_from_results(results_dir) -> list[RunRecord]:
             rec.exit_ppl, rec.exit_ce, rec.exit_norm = col("ppl"), col("ce"), col("norm")
             if "radial_fraction" in g and g["radial_fraction"].notna().any():
                 rec.radial = col("radial_fraction")
+            if "norm_eval" in g and g["norm_eval"].notna().any():
+                rec.norm_eval = col("norm_eval")
             for mode, c in CLAMP_COLUMNS.items():
                 if c in g and finite(g[c].iloc[-1]):
                     rec.clamp[mode] = float(g[c].iloc[-1])
