@@ -293,3 +293,24 @@ def test_claims_matrix_reads_an_old_claims_csv_and_rejects_a_missing_one(tmp_pat
     assert main(["report", "claims-matrix", "--results", str(tmp_path / "absent"), "--out", str(tmp_path / "o")]) == 2
     assert main(["report", "claims-matrix", "--results", str(old), "--out", str(tmp_path / "o")]) == 0
     assert (tmp_path / "o" / "claims_matrix.md").is_file()
+
+
+def test_params_declare_the_studies_claims_and_the_schema_checks_them():
+    import copy
+    from pathlib import Path
+    from loopscale import pipeline as P
+    repo = Path(__file__).resolve().parents[1]
+    schema = P.load_schema(repo / "workflow" / "schemas" / "params.schema.yaml")
+    params = P.load_params(repo / "params.yaml")
+    P.check_schema(params, schema, "params.yaml")
+    for name, exp in params["experiments"].items():
+        c = exp.get("claims")
+        if c and c.get("preregistered"):  # a declared pre-registration exists
+            assert (repo / c["preregistered"]).is_file(), name
+    assert params["experiments"]["cpu_dose"]["claims"]["family"] == "dose"
+    for bad, msg in (({"family": "doses"}, "unknown value 'doses'"), ({"family": "dose", "preregistered": "x.md"},
+                                                                      "does not match")):
+        p = copy.deepcopy(params)
+        p["experiments"]["cpu_dose"]["claims"] = bad
+        with pytest.raises(P.ParamsError, match=msg):
+            P.check_schema(p, schema, "params.yaml")

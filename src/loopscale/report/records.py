@@ -145,7 +145,8 @@ def records_from_results(results_dir) -> list[RunRecord]:
         if not {"run", "step", "norm_K"} <= set(t.columns):
             raise RecordsError(f"{tn}: needs the columns run, step, norm_K")
         for run, g in t.groupby("run", sort=False):
-            logs[str(run)] = [(int(a), float(b)) for a, b in zip(g["step"], g["norm_K"])]
+            # a run is named by its last path parts (<size>/<condition>/seed<N> within one experiment)
+            logs["/".join(Path(str(run)).parts[-3:])] = [(int(a), float(b)) for a, b in zip(g["step"], g["norm_K"])]
     df = df.astype({c: float for c in df.columns if pd.api.types.is_numeric_dtype(df[c])})  # plain floats
     out = []
     for path, g in df.groupby("path", sort=False):
@@ -162,8 +163,7 @@ def records_from_results(results_dir) -> list[RunRecord]:
         rec = RunRecord(arm=arm_of(path, str(r0["size"])), size=str(r0["size"]), d_model=int(r0["d_model"]), K=K,
                         cond=cond, seed=seed, completed=completed, note=str(r0["status"]),
                         params=int(r0["params"]) if "params" in g and finite(r0["params"]) else 0)
-        key = str(path)[len("runs/"):] if str(path).startswith("runs/") else str(path)
-        pts = logs.get(key) or logs.get(str(path)) or []
+        pts = logs.get("/".join(Path(str(path)).parts[-3:])) or []
         rec.growth = growth_of(pts)
         if pts:
             rec.norm_train_last = float(max(pts)[1])
