@@ -96,6 +96,9 @@ def cmd_claims(args) -> int:
         return 2
     out = Path(args.out or args.results)
     tables = claims_tables_of_records(records, args.claims, args.preregistered)
+    tables[0].md = (f"Rebuilt by `loopscale report claims` from the committed per_seed.csv and train_norms.csv (the "
+                    f"run directories were not at hand: the median-‖H_K‖ choice, which needs eval/norms.json per run, "
+                    f"is absent).\n\n" + tables[0].md)
     written = write_tables(tables, out)
     if args.claims == "dose" and args.figures:
         from . import dose
