@@ -130,6 +130,15 @@ class Experiment:
     description: str = ""
     index: dict = field(default_factory=dict)  # (size, cond, seed) -> PlannedRun
     downstream: Optional[dict] = None  # the experiment's `downstream:` (multiple choice through lm-eval)
+    claims: dict = field(default_factory=dict)  # the experiment's `claims:` {family, preregistered} (report stage)
+
+    @property
+    def claims_family(self) -> str:
+        return str(self.claims.get("family", "paper"))
+
+    @property
+    def preregistered(self) -> str:
+        return str(self.claims.get("preregistered", "") or "")
 
     @property
     def streamed(self) -> bool:
@@ -452,6 +461,7 @@ def build_experiment(params: dict, name: str) -> Experiment:
     downstream = _downstream(exp.get("downstream"), f"{where}.downstream")
     e = Experiment(name=name, runs=runs, data=data, diagnostics=diagnostics, gpu=int(exp.get("gpu", 0)),
                    gpus_per_run=gpus_per_run, nodes_per_run=nodes_per_run, description=exp.get("description", ""),
+                   claims=dict(exp.get("claims") or {}),
                    downstream=downstream)
     if downstream is not None and not e.ouro:
         raise ParamsError(f"{where}.downstream: Appendix B's downstream evaluation runs on Ouro experiments "

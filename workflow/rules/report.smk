@@ -6,7 +6,12 @@
 # (captions: workflow/report/*.rst; categories Claims, Figures, Tables, in that order).
 
 TABLES = ["main", "depth", "norms", "radial", "lemma", "clamp", "scale", "halting", "halting_paper", "story", "drift",
-          "runs", "claims"]
+          "runs", "claims", "choices"]
+# the experiment's claims (params.yaml `claims:`): the dose family adds the dose-response table and figure
+CLAIMS_ARGS = (f"--claims {shlex.quote(EXP.claims_family)}" +
+               (f" --preregistered {shlex.quote(EXP.preregistered)}" if EXP.preregistered else ""))
+FIGURE_ARGS = f"--claims {shlex.quote(EXP.claims_family)}"
+DOSE = EXP.claims_family == "dose"
 FIGURES = ["norm_per_loop", "norm_training", "ppl_depth", "frontier", "frontier_exits", "radial_vs_norm",
            "norm_histogram", "lemma", "scale", "exit_training", "drift", "story_quadrant"]
 
@@ -32,6 +37,7 @@ rule aggregate:
         metrics="results/{exp}/metrics.json",
         # an Ouro experiment: Appendix B's tables (variable depth, downstream accuracy)
         appendix_b=[reported_table("appendix_b"), "results/{exp}/appendix_b.md"] if EXP.ouro else [],
+        dose=[reported_table("dose"), "results/{exp}/dose.md"] if DOSE else [],
     log:
         "logs/{exp}/aggregate.log",
     params:
@@ -40,7 +46,7 @@ rule aggregate:
     conda:
         "../envs/loopscale.yaml"
     shell:
-        "loopscale report tables --runs {params.runs:q} --out {params.out:q} > {log:q} 2>&1"
+        "loopscale report tables --runs {params.runs:q} --out {params.out:q} " + CLAIMS_ARGS + " > {log:q} 2>&1"
 
 
 rule figures:
@@ -52,8 +58,8 @@ rule figures:
         code=REPORT_CODE,
     output:
         [report(f"results/{{exp}}/figures/{f}.png", caption="../report/figures.rst", category="Figures",
-                labels={"figure": f}) for f in FIGURES]
-        + expand("results/{{exp}}/figures/{figure}.pdf", figure=FIGURES),
+                labels={"figure": f}) for f in FIGURES + (["dose"] if DOSE else [])]
+        + expand("results/{{exp}}/figures/{figure}.pdf", figure=FIGURES + (["dose"] if DOSE else [])),
     log:
         "logs/{exp}/figures.log",
     params:
@@ -62,7 +68,7 @@ rule figures:
     conda:
         "../envs/loopscale.yaml"
     shell:
-        "loopscale report figures --runs {params.runs:q} --out {params.out:q} > {log:q} 2>&1"
+        "loopscale report figures --runs {params.runs:q} --out {params.out:q} " + FIGURE_ARGS + " > {log:q} 2>&1"
 
 
 rule report:

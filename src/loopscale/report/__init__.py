@@ -3,21 +3,28 @@
 Command line (registered in `loopscale.cli` through `add_cli`):
 
   loopscale report tables  --runs RUN_DIR [RUN_DIR ...] --out results/<exp>
+                           [--claims paper|factorial|dose] [--preregistered studies/<name>/preregistration.md]
       writes <out>/{main,depth,norms,radial,lemma,clamp,scale,halting,halting_paper,story,drift,runs,
-      claims}.{csv,md}
+      claims,choices}.{csv,md} (claims: evidence and sanity checks; choices: each claim per seed under the
+      researcher's choices), with --claims dose also <out>/dose.{csv,md}
       and <out>/norm_loops.csv, <out>/train_norms.csv, <out>/per_seed.csv (tidy: one row per run × exit k),
       <out>/metrics.json (headline numbers per condition, for DVC); for Ouro runs also
       <out>/appendix_b.{csv,md} (Appendix B: variable depth K = 1..8, downstream accuracy)
   loopscale report figures --runs RUN_DIR [RUN_DIR ...] --out results/<exp>/figures
       writes <out>/{norm_per_loop,norm_training,ppl_depth,frontier,frontier_exits,radial_vs_norm,
       norm_histogram,lemma,scale,exit_training,drift,story_quadrant}.{png,pdf} (every file is always written; a
-      panel without data says so)
+      panel without data says so); with --claims dose also dose.{png,pdf}
   loopscale report write   --runs RUN_DIR [RUN_DIR ...] --results results/<exp>
                            [--figures results/<exp>/figures] [--params params.yaml]
                            [--experiment <exp>] --out results/<exp>/REPORT.md
       writes the one report file; it recomputes everything from the runs and links the
       CSVs in --results (and appendix_b.md of an Ouro experiment) and the PNGs in --figures
       by paths relative to --out
+  loopscale report claims --results results/<exp> [--claims ...] [--preregistered ...] [--out DIR]
+      rebuilds claims/choices (and dose) tables from the committed per_seed.csv + train_norms.csv,
+      without the run directories
+  loopscale report claims-matrix --results results/<exp> [results/<exp> ...] --out results/claims_matrix
+      writes claims_matrix.{csv,md}: every claim × experiment (and arm), ✓ k/n / ✗ / mixed k/n / –
 
 A RUN_DIR is a directory holding config.json / config.yaml / summary.json / metrics.jsonl;
 any other directory given is searched recursively for such run directories, so
@@ -25,8 +32,9 @@ any other directory given is searched recursively for such run directories, so
 is written atomically and is a pure function of the inputs (no timestamps), so the same
 runs give the same bytes.
 
-Modules: runs (reading a run directory), aggregate (tables), figures, claims (the paper's
-claims with verdict rules and thresholds), drift (the drift law of ‖H_K‖ over training
+Modules: runs (reading a run directory), records (one record per run from a run directory or
+per_seed.csv), aggregate (tables), figures, claims (the paper's claims with verdict rules and thresholds),
+dose (the norm penalty's dose-response, D1–D4), claims_matrix (claims across experiments), drift (the drift law of ‖H_K‖ over training
 steps), tidy (per_seed.csv), appendix_b (Appendix B's tables), paper (the paper's numbers), write (REPORT.md),
 metrics (metrics.json).
 """

@@ -1,101 +1,100 @@
 """The paper's claims, each with a verdict computed from the runs by a fixed rule.
 
-The rules and their thresholds below were fixed before any result was looked at; they are
-not to be tuned to make a claim pass. Each rule is applied twice: to the seed means of the
-completed runs, and to every seed on its own (the runs of that seed, conditions matched by
-seed). The verdict states both:
+Each rule is applied to the seed means of the completed runs and to every seed on its own
+(the runs of that seed, conditions matched by seed). The verdict states both:
 
   reproduced (3/3 seeds)       the rule holds on the seed means and in every seed
   not reproduced (0/3 seeds)   the rule fails on the seed means and in every seed
-  mixed: 2/3 seeds             the seeds disagree (or the seed means disagree with all seeds):
-                               the rule holds in 2 of the 3 seeds where it could be evaluated;
-                               the seed-mean verdict follows in brackets
+  mixed: 2/3 seeds             the seeds disagree (or the seed means disagree with all seeds)
   not run at this scale        a condition (or diagnostic) the rule needs has no completed run
+  control uninformative        (g-ctrl) the control's clamp changes its scale too little to compare
 
-A seed enters the count only when the rule can be evaluated on it (every condition the rule
-needs has a completed run with that seed).
+Conditions are matched by readout × loss × regularizer × recurrence within one arm (one size
+of the experiment: depth K, width d and data matched). Values are seed means over completed
+runs only; diverged and failed runs never enter them.
 
-Conditions are matched by readout × loss × regularizer × recurrence within one model size
-(so depth K, width d and data are matched). Values are seed means over completed runs only;
-diverged and failed runs never enter them.
+Claims are of two kinds, shown in two tables:
 
-Rules (d = model width, √d = norm of an N(0,1) embedding row, the paper's init scale):
+  evidence   a rule the model could fail: its verdict tells something about the paper's claim
+  sanity     a rule that holds by construction (an identity of the readout, a quantity the loss
+             itself bounds, a state the architecture fixes); it checks the code, not the claim
 
- (a) drift            ‖H_K‖(per-loop CE + RMSNorm) ≥ DRIFT_RATIO_MIN × ‖H_K‖(per-loop CE + raw)
- (b) small norms      every present scale-visible condition (terminal/per-loop CE + raw readout,
-                      terminal/per-loop CE + RMSNorm + norm penalty) has ‖H_K‖ ≤ SMALL_NORM_MAX_PER_SQRT_D·√d
- (c) inter-loop norm  per-loop CE + RMSNorm + inter-loop norm has ‖H_K‖ ≤ SMALL_NORM_MAX_PER_SQRT_D·√d and
-                      the residual per-loop CE + RMSNorm model's ‖H_K‖ is ≥ DRIFT_RATIO_MIN × it
- (d) radial fraction  max over loops and over RMSNorm/LayerNorm-readout conditions of the radial fraction
-                      ≤ RADIAL_INVISIBLE_MAX, and every raw-readout condition's mean over loops
-                      ≥ RADIAL_VISIBLE_MIN
- (e) K-invariance     R = (max_k PPL_k − min_k PPL_k) / min_k PPL_k over exits k = 1..K;
-                      R(per-loop CE + RMSNorm) ≤ K_INVARIANCE_RATIO_MAX × R(per-loop CE + raw)
- (f) scale control    every present scale-controlled per-loop variant of the paper (raw readout,
-                      final-only norm, RMSNorm + norm penalty) has final-exit PPL
-                      ≤ (1 − PPL_GAIN_MIN) × PPL of per-loop CE + RMSNorm at the same K
- (g) clamp            on per-loop CE + RMSNorm, the seed mean of |ΔCE| at exit K of the official freeze_loop1
-                      clamp ≤ max(CLAMP_GAP_FRACTION × |CE_K(per-loop RMSNorm) − CE_K(per-loop raw)|,
-                      CLAMP_FLOOR_NATS); the other clamps (official remove_radial, ...) are reported beside it
-                      (only the floor when the raw condition is absent)
+Rules (d = model width, √d = norm of an N(0,1) embedding row, the paper's init scale;
+G = (PPL_1 − PPL_K)/PPL_1 the depth gain; "drifting model" = per-loop CE + RMSNorm readout):
 
-Amended after results (the rules above are kept as first registered; claims.md shows their
-verdicts beside the amended ones, with the reason). Each amendment is justified from the
-paper's text or the official code only:
+ (a)       evidence  ‖H_K‖(drifting) ≥ DRIFT_RATIO_MIN × ‖H_K‖(per-loop CE + raw)
+ (b)       evidence  every present raw-readout condition (terminal/per-loop CE) has ‖H_K‖ ≤ SMALL_NORM_MAX_PER_SQRT_D·√d
+ (b-pen)   sanity    the same bound for the norm-penalty conditions (enforced by the loss)
+ (c)       evidence  ‖H_K‖(drifting + inter-loop norm) ≤ SMALL_NORM_MAX_PER_SQRT_D·√d and
+                     ‖H_K‖(drifting, residual) ≥ DRIFT_RATIO_MIN × it (the rule as first registered)
+ (c-acc)   sanity    A = ‖H_K‖/‖H_1‖; A(inter-loop norm) ≤ ACCUMULATION_MAX and A(residual) ≥
+                     ACCUMULATION_RATIO_MIN × it (structural: each loop receives a fixed-RMS state)
+ (c-depth) evidence  G(inter-loop norm) ≥ max(INTER_LOOP_DEPTH_GAIN_RATIO_MIN × G(drifting), PPL_GAIN_MIN)
+ (d)       sanity    radial fraction: max over loops of RMSNorm/LayerNorm readouts ≤ RADIAL_INVISIBLE_MAX, mean over
+                     loops of raw readouts ≥ RADIAL_VISIBLE_MIN (identity of scale-invariant readouts: r(αH) = r(H))
+ (e)       evidence  R = (max_k PPL_k − min_k PPL_k)/min_k PPL_k; R(drifting) ≤ K_INVARIANCE_RATIO_MAX × R(raw)
+ (e2)      evidence  every present scale-controlled per-loop variant has G ≥ max(DEPTH_GAIN_RATIO_MIN × G(drifting), PPL_GAIN_MIN)
+ (f)       evidence  every present scale-controlled variant has PPL_k ≤ (1 − PPL_GAIN_MIN) × PPL_k(drifting) at every k = 2..K
+ (g)       evidence  |ΔCE_K| of the drifting model under freeze_loop1 (seed mean) ≤ CLAMP_DCE_MAX nats, a fixed bound
+ (g-ctrl)  evidence  S = |ΔCE_K(freeze_loop1)| / |ln(‖H_K‖/‖H_1‖)| (the log-scale change the clamp imposes at the
+                     last loop, from the same runs' exit norms); S(drifting) ≤ CLAMP_SENSITIVITY_RATIO_MAX × S(per-loop
+                     raw); "control uninformative" when the raw model's |ln(‖H_K‖/‖H_1‖)| < CONTROL_LOG_SCALE_MIN
+ (g) and (g-ctrl) report remove_radial beside freeze_loop1.
 
- (c) accumulation     A = ‖H_K‖/‖H_1‖ (exit norms of one pass); A(per-loop CE + RMSNorm + inter-loop norm)
-                      ≤ ACCUMULATION_MAX and A(residual per-loop CE + RMSNorm) ≥ ACCUMULATION_RATIO_MIN × it.
-                      Because the paper's fix removes the scale from the *recurrence path* (loop k+1 receives
-                      a state of fixed RMS, so scale cannot accumulate across loops); it does not bound the
-                      magnitude one pass of the stack writes, which the registered rule tested. The
-                      magnitude ‖H_K‖ and its growth over training stay in the row as reported facts.
- (e2) depth gain      G = (PPL_1 − PPL_K)/PPL_1; every present scale-controlled per-loop variant has
-                      G ≥ max(DEPTH_GAIN_RATIO_MIN × G(per-loop CE + RMSNorm), PPL_GAIN_MIN). Added because
-                      the paper's K-invariance claim has two halves (Table 1, 129M: the drifting model's
-                      exits are flat, the scale-controlled variants gain from depth); (e) tests only the first.
- (f) matched depth    every present scale-controlled variant has PPL_k ≤ (1 − PPL_GAIN_MIN) × PPL_k(per-loop
-                      CE + RMSNorm) at every exit k = 2..K. Because the paper's frontier claim (Table 1's
-                      exits, Table 5) compares the variants at matched depth, not only at K.
- (g) freeze_loop1     on per-loop CE + RMSNorm, the seed mean of |ΔCE| at exit K under `freeze_loop1`
-                      ≤ the registered threshold; the official `remove_radial` is reported beside it.
-                      Because the paper's clamp "rescales the hidden state to its loop-1 magnitude"
-                      (`freeze_loop1` of the official radial_clamp_intervention.py); `remove_radial` removes
-                      the update's radial component, another intervention.
+History (the experiments run before the 2026-12 pre-registration: cpu, cpu_confirm, cpu_long, ...):
+(c), (f) and (g) were amended and (e2) added after results; the rules above are those of the
+pre-registration (studies/*/preregistration.md), which restored (c)'s registered rule, moved the
+accumulation rule to (c-acc), split (b), replaced (g)'s threshold by a fixed bound and added
+(c-depth) and (g-ctrl) after a sceptical review. For those experiments claims.md shows beside
+each changed rule the rule as first registered and its verdict (`ClaimSpec.registered`).
 
-Robustness: every rule is re-evaluated on the seed means over a range of its threshold
-(`ClaimSpec.grid`, the registered value among them); claims.md prints the verdict at each,
-so a verdict that hinges on the exact bound is visible.
+Researcher choices: each claim is re-evaluated per seed under the choices a researcher made
+that the rule does not fix (`ClaimSpec.choices`): the clamp for (g)/(g-ctrl); the ‖H_K‖
+statistic for (a)/(b)/(b-pen)/(c) (mean per-token norm | median of the norms diagnostic |
+the training log's last value); the exits for (f) (every k = 2..K | final only); the metric
+of (e)/(e2) (range R | gain G). claims.md counts the choice × seed cells that agree with the
+headline (seed-mean) verdict. The threshold grid (`ClaimSpec.grid`, chosen after results)
+is kept as a secondary column.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Optional
 
 from . import paper
-from .aggregate import Group, clamp_modes, exits, final_exit, radial_loops, stats, training_norms
+from .aggregate import Group, stats
 from .fmt import num
+from .records import RunRecord, growth_of, records_of_runs
 from ..registry import Condition, condition
-from .runs import Size, finite
+from .runs import finite
 
 REPRODUCED = "reproduced"
 NOT_REPRODUCED = "not reproduced"
 NOT_RUN = "not run at this scale"
 MIXED = "mixed"
+UNINFORMATIVE = "control uninformative"
+EVIDENCE, SANITY = "evidence", "sanity"
 
-# ---- thresholds (fixed in advance; see the module docstring) ----
+# ---- thresholds (pre-registered; see the module docstring) ----
 DRIFT_RATIO_MIN = 10.0  # (a), (c): drift = ‖H_K‖ at least 10× the scale-controlled model's
-SMALL_NORM_MAX_PER_SQRT_D = 10.0  # (b), (c): "small" = ‖H_K‖ ≤ 10·√d (paper: 17–83 at d=512/768, ≤ 3·√d)
+SMALL_NORM_MAX_PER_SQRT_D = 10.0  # (b), (b-pen), (c): "small" = ‖H_K‖ ≤ 10·√d (paper: 17–83 at d=512/768, ≤ 3·√d)
 RADIAL_INVISIBLE_MAX = 1e-6  # (d): float noise for scale-invariant readouts (paper ~1e-9)
 RADIAL_VISIBLE_MIN = 1e-4  # (d): clearly larger for raw readouts (100× the noise bound; paper ~1e-2)
 K_INVARIANCE_RATIO_MAX = 0.5  # (e): the drifting model's exit-PPL range at most half the raw model's
-PPL_GAIN_MIN = 0.01  # (f): at least 1% lower final-exit PPL
-CLAMP_GAP_FRACTION = 0.25  # (g): |ΔCE| at most a quarter of the RMSNorm-vs-raw CE gap ...
-CLAMP_FLOOR_NATS = 0.01  # ... or 0.01 nats (1% PPL), whichever is larger
-# amended / added after results (see the module docstring)
-ACCUMULATION_MAX = 1.5  # (c): ‖H_K‖/‖H_1‖ with inter-loop norm near 1 (one pass's output, not K passes')
-ACCUMULATION_RATIO_MIN = 2.0  # (c): the residual model accumulates at least twice as much
+PPL_GAIN_MIN = 0.01  # (e2), (c-depth), (f): at least 1% (PPL or depth gain)
+ACCUMULATION_MAX = 1.5  # (c-acc): ‖H_K‖/‖H_1‖ with inter-loop norm near 1
+ACCUMULATION_RATIO_MIN = 2.0  # (c-acc): the residual model accumulates at least twice as much
 DEPTH_GAIN_RATIO_MIN = 2.0  # (e2): scale-controlled variants gain at least twice the drifting model's
-FREEZE_MODE = "freeze_loop1"  # (g): the paper's clamp
+INTER_LOOP_DEPTH_GAIN_RATIO_MIN = 2.0  # (c-depth): inter-loop norm gains at least twice the drifting model's
+CLAMP_DCE_MAX = 0.02  # (g): |ΔCE_K| under freeze_loop1 at most 0.02 nats, a fixed bound
+CLAMP_SENSITIVITY_RATIO_MAX = 0.5  # (g-ctrl): S(drifting) at most half the raw control's S
+CONTROL_LOG_SCALE_MIN = 0.05  # (g-ctrl): the control must change its scale by |ln A| ≥ 0.05 to inform
+FREEZE_MODE = "freeze_loop1"  # (g): the paper's clamp ("rescales the hidden state to its loop-1 magnitude")
+OTHER_CLAMP = "remove_radial"  # the official code's other clamp, reported beside it and a researcher choice
+# as first registered (the experiments before the pre-registration)
+CLAMP_GAP_FRACTION = 0.25  # (g) registered: |ΔCE| at most a quarter of the RMSNorm-vs-raw CE gap ...
+CLAMP_FLOOR_NATS = 0.01  # ... or 0.01 nats, whichever is larger
 REGISTERED_CLAMP_MODES = ("remove_radial", "freeze_loop1")  # (g) as registered: the worse of these two
 
 PER_LOOP_RMS = condition("rmsnorm", "per_loop")
@@ -105,13 +104,19 @@ PER_LOOP_FINAL = condition("final_norm", "per_loop")
 PER_LOOP_PENALTY = condition("rmsnorm", "per_loop", "norm_penalty")
 TERMINAL_PENALTY = condition("rmsnorm", "terminal", "norm_penalty")
 INTER_LOOP = condition("rmsnorm", "per_loop", "none", "inter_loop_norm")
-SCALE_VISIBLE = (PER_LOOP_RAW, TERMINAL_RAW, PER_LOOP_PENALTY, TERMINAL_PENALTY)
+RAW_READOUTS = (PER_LOOP_RAW, TERMINAL_RAW)
+PENALTIES = (PER_LOOP_PENALTY, TERMINAL_PENALTY)
+SCALE_VISIBLE = RAW_READOUTS + PENALTIES
 SCALE_CONTROLLED = (PER_LOOP_RAW, PER_LOOP_FINAL, PER_LOOP_PENALTY)
+
+# the ‖H_K‖ statistics a norm rule can read (researcher choice; "mean" is the rule's)
+NORM_STATS = {"mean": "mean per-token ‖H_K‖ (evaluation)", "median": "median per-token ‖H_K‖ (norms diagnostic)",
+              "train_last": "the training log's last ‖H_K‖"}
 
 
 @dataclass
 class CondStats:
-    """Seed means of one condition at one size (completed runs only)."""
+    """Seed means of one condition at one arm (completed runs only)."""
     cond: Condition
     n: int  # completed seeds
     n_runs: int
@@ -124,9 +129,15 @@ class CondStats:
     exit_ppl: list = field(default_factory=list)  # seed-mean PPL per exit k=1..K
     exit_norm: list = field(default_factory=list)  # seed-mean ‖H_k‖ per exit k=1..K
     accumulation: float = math.nan  # seed mean of ‖H_K‖/‖H_1‖ (per run, then averaged)
+    log_scale: float = math.nan  # seed mean of |ln(‖H_K‖/‖H_1‖)| (per run, then averaged)
     growth: float = math.nan  # seed mean of the exponent b of ‖H_K‖ ∝ t^b over the training log
     radial: list = field(default_factory=list)  # seed-mean radial fraction per exit k=1..K
     clamp_dce: dict = field(default_factory=dict)  # clamp mode -> seed mean of |ΔCE| at exit K
+    norm_K_median: float = math.nan  # seed mean of the median per-token ‖H_K‖ (norms diagnostic)
+    norm_K_train: float = math.nan  # seed mean of the training log's last ‖H_K‖
+
+    def norm(self, stat: str = "mean") -> float:
+        return {"mean": self.norm_K, "median": self.norm_K_median, "train_last": self.norm_K_train}[stat]
 
 
 @dataclass
@@ -138,36 +149,62 @@ class ClaimResult:
     verdict: str
     rule: str
     size: str = ""
-    mean_verdict: str = ""  # the rule on the seed means ("" until evaluate_groups sets it)
+    arm: str = ""
+    kind: str = EVIDENCE
+    why_sanity: str = ""  # a sanity check: why it holds by construction
+    mean_verdict: str = ""  # the rule on the seed means ("" until evaluated per seed)
     seed_verdicts: dict = field(default_factory=dict)  # seed -> the rule on that seed alone
     registered_rule: str = ""  # the rule as first registered, where it was amended after results
     registered_verdict: str = ""  # its verdict (seed means and per seed)
     amendment: str = ""  # "amended after results, because …" / "added after results, because …"
     robustness: str = ""  # the seed-mean verdict over a range of the rule's threshold
+    choice_cells: list = field(default_factory=list)  # [(choice, option, seed, verdict)] (researcher choices)
 
     @property
     def outcome(self) -> str:
-        """reproduced | not reproduced | mixed | not run at this scale (the verdict without counts)."""
+        """reproduced | not reproduced | mixed | not run at this scale | control uninformative."""
         return MIXED if self.verdict.startswith(MIXED) else self.verdict.split(" (", 1)[0]
 
     def per_seed_text(self) -> str:
         return "; ".join(f"{s}: {v}" for s, v in self.seed_verdicts.items())
 
+    def choices_agree(self) -> tuple[int, int]:
+        """(cells agreeing with the headline seed-mean verdict, cells evaluated) over choice × seed."""
+        head = self.mean_verdict or self.verdict
+        ev = [v for *_, v in self.choice_cells if v in (REPRODUCED, NOT_REPRODUCED)]
+        return sum(v == head for v in ev), len(ev)
+
+    def choices_text(self) -> str:
+        if not self.choice_cells:
+            return "no researcher choice varied"
+        k, n = self.choices_agree()
+        axes = sorted({c for c, *_ in self.choice_cells})
+        return f"{k}/{n} choice × seed cells agree ({'; '.join(axes)})" if n else "no cell evaluable"
+
     def as_dict(self) -> dict:
-        ev = [v for v in self.seed_verdicts.values() if v != NOT_RUN]
-        return {"size": self.size, "id": self.id, "claim": self.claim, "paper": self.paper, "ours": self.ours,
-                "verdict": self.verdict, "outcome": self.outcome, "verdict_seed_means": self.mean_verdict or self.verdict,
+        ev = [v for v in self.seed_verdicts.values() if v in (REPRODUCED, NOT_REPRODUCED)]
+        k, n = self.choices_agree()
+        return {"arm": self.arm, "size": self.size, "id": self.id, "kind": self.kind, "claim": self.claim,
+                "paper": self.paper, "ours": self.ours, "verdict": self.verdict, "outcome": self.outcome,
+                "verdict_seed_means": self.mean_verdict or self.verdict,
                 "seeds_reproduced": sum(v == REPRODUCED for v in ev), "seeds_evaluated": len(ev),
-                "per_seed": self.per_seed_text(), "rule": self.rule, "robustness": self.robustness,
+                "per_seed": self.per_seed_text(), "rule": self.rule, "why_sanity": self.why_sanity,
+                "choices_agree": k, "choices_evaluated": n, "robustness": self.robustness,
                 "amendment": self.amendment, "registered_rule": self.registered_rule,
                 "registered_verdict": self.registered_verdict}
 
 
+CLAIMS_COLUMNS = ["arm", "size", "id", "kind", "claim", "paper", "ours", "verdict", "outcome", "verdict_seed_means",
+                  "seeds_reproduced", "seeds_evaluated", "per_seed", "rule", "why_sanity", "choices_agree",
+                  "choices_evaluated", "robustness", "amendment", "registered_rule", "registered_verdict"]
+CHOICES_COLUMNS = ["arm", "id", "kind", "claim", "choice", "option", "headline", "seed", "verdict", "agrees"]
+
+
 def combine(mean: str, per_seed: dict) -> str:
     """The verdict from the seed-mean verdict and the per-seed ones (see the module docstring)."""
-    if mean == NOT_RUN:
-        return NOT_RUN
-    ev = [v for v in per_seed.values() if v != NOT_RUN]
+    if mean in (NOT_RUN, UNINFORMATIVE):
+        return mean
+    ev = [v for v in per_seed.values() if v in (REPRODUCED, NOT_REPRODUCED)]
     if not ev:  # no seed has every condition the rule needs (e.g. conditions run with different seeds)
         return f"{mean} (seed means only; no seed has every condition)"
     k, n = sum(v == REPRODUCED for v in ev), len(ev)
@@ -176,60 +213,48 @@ def combine(mean: str, per_seed: dict) -> str:
     return f"{MIXED}: {k}/{n} seeds (seed means: {mean})"
 
 
-def condition_stats(g: Group) -> CondStats:
-    used = g.used
-    fe = [final_exit(r) for r in used]
-    per_k: dict = {}
+def stats_of(cond: Condition, recs: list[RunRecord]) -> CondStats:
+    """The seed means of one condition's runs (completed ones only)."""
+    used = [r for r in recs if r.completed]
+    r0 = recs[0]
+    K = r0.K
+
+    def per_k(attr: str) -> list:
+        vals = [getattr(r, attr) for r in used if getattr(r, attr)]
+        n_k = max((len(v) for v in vals), default=0)
+        return [stats(v[k] for v in vals if k < len(v))[0] for k in range(n_k)]
+
+    acc, logs = [], []
     for r in used:
-        for row in exits(r)[0] or []:
-            per_k.setdefault(int(row["k"]), []).append(row.get("ppl"))
-    rad: dict = {}
-    for r in used:
-        for row in radial_loops(r) or []:
-            rad.setdefault(int(row["k"]), []).append(row.get("radial_fraction"))
+        n = r.exit_norm
+        if len(n) >= 2 and finite(n[0]) and finite(n[-1]) and n[0] > 0 and n[-1] > 0:
+            acc.append(n[-1] / n[0])
+            logs.append(abs(math.log(n[-1] / n[0])))
     dce: dict = {}
     for r in used:
-        for mode, rows in (clamp_modes(r) or {}).items():
-            if mode == "none" or not rows:
-                continue
-            last = max(rows, key=lambda x: x.get("k", 0))
-            v = last.get("delta_ce")
+        for mode, v in r.clamp.items():
             dce.setdefault(mode, []).append(abs(v) if finite(v) else v)  # |ΔCE| per seed: no cancellation
-    per_k_norm: dict = {}
-    acc, growth = [], []
-    for r in used:
-        rows = exits(r)[0] or []
-        for row in rows:
-            per_k_norm.setdefault(int(row["k"]), []).append(row.get("norm"))
-        n = [row.get("norm") for row in rows]
-        if len(n) >= 2 and finite(n[0]) and finite(n[-1]) and n[0] > 0:
-            acc.append(n[-1] / n[0])
-        growth.append(training_growth(r))
-    return CondStats(cond=g.cond, n=len(used), n_runs=len(g.runs), d_model=g.d_model, K=g.K, runs_text=g.runs_text(),
-                     norm_K=stats(f["norm"] for f in fe)[0], ppl_K=stats(f["ppl"] for f in fe)[0],
-                     ce_K=stats(f["ce"] for f in fe)[0],
-                     exit_ppl=[stats(per_k[k])[0] for k in sorted(per_k)],
-                     exit_norm=[stats(per_k_norm[k])[0] for k in sorted(per_k_norm)],
-                     accumulation=stats(acc)[0], growth=stats(growth)[0],
-                     radial=[stats(rad[k])[0] for k in sorted(rad)],
-                     clamp_dce={m: stats(v)[0] for m, v in sorted(dce.items())})
+    parts = [f"{len(used)} completed"] + [f"seed {r.seed} {r.note}" for r in recs if not r.completed]
+    return CondStats(cond=cond, n=len(used), n_runs=len(recs), d_model=r0.d_model, K=K, runs_text="; ".join(parts),
+                     norm_K=stats(r.last(r.exit_norm) for r in used)[0],
+                     ppl_K=stats(r.last(r.exit_ppl) for r in used)[0],
+                     ce_K=stats(r.last(r.exit_ce) for r in used)[0],
+                     exit_ppl=per_k("exit_ppl"), exit_norm=per_k("exit_norm"), radial=per_k("radial"),
+                     accumulation=stats(acc)[0], log_scale=stats(logs)[0],
+                     growth=stats(r.growth for r in used)[0],
+                     clamp_dce={m: stats(v)[0] for m, v in sorted(dce.items())},
+                     norm_K_median=stats(r.norm_median for r in used)[0],
+                     norm_K_train=stats(r.norm_train_last for r in used)[0])
+
+
+def condition_stats(g: Group) -> CondStats:
+    return stats_of(g.cond, records_of_runs(g.runs))
 
 
 def training_growth(run, from_fraction: float = 0.2) -> float:
-    """Exponent b of ‖H_K‖ ∝ t^b over one run's training log (least squares in log-log, on the
-    records from `from_fraction` of the last logged step on); NaN with fewer than 3 records."""
-    pts = [(s, v) for s, v in training_norms(run) if s > 0 and finite(v) and v > 0]
-    if not pts:
-        return math.nan
-    last = max(s for s, _ in pts)
-    pts = [(s, v) for s, v in pts if s >= from_fraction * last]
-    if len(pts) < 3 or len({s for s, _ in pts}) < 2:
-        return math.nan
-    x = [math.log(s) for s, _ in pts]
-    y = [math.log(v) for _, v in pts]
-    mx, my = sum(x) / len(x), sum(y) / len(y)
-    sxx = sum((a - mx) ** 2 for a in x)
-    return sum((a - mx) * (b - my) for a, b in zip(x, y)) / sxx if sxx > 0 else math.nan
+    """Exponent b of ‖H_K‖ ∝ t^b over one run's training log (records.growth_of)."""
+    from .aggregate import training_norms
+    return growth_of(training_norms(run), from_fraction)
 
 
 # ---------------------------------------------------------------------------
@@ -239,15 +264,15 @@ class _Missing(Exception):
     pass
 
 
-def _get(table: dict, cond: Condition, what: str = "") -> CondStats:
+def _get(table: dict, cond: Condition, what: str = "", stat: str = "mean") -> CondStats:
     """The condition's stats, or _Missing naming why it cannot be used."""
     s = table.get(cond)
     if s is None:
         raise _Missing(f"{cond.label}: no runs")
     if s.n == 0:
         raise _Missing(f"{cond.label}: {s.runs_text}")
-    if what == "norm" and not finite(s.norm_K):
-        raise _Missing(f"{cond.label}: no ‖H_K‖")
+    if what == "norm" and not finite(s.norm(stat)):
+        raise _Missing(f"{cond.label}: no ‖H_K‖ ({NORM_STATS[stat]})")
     if what == "ppl" and not finite(s.ppl_K):
         raise _Missing(f"{cond.label}: no final-exit PPL")
     if what == "exits" and (len([p for p in s.exit_ppl if finite(p)]) < 2):
@@ -256,18 +281,18 @@ def _get(table: dict, cond: Condition, what: str = "") -> CondStats:
         raise _Missing(f"{cond.label}: no eval/radial.json")
     if what == "clamp" and not [v for v in s.clamp_dce.values() if finite(v)]:
         raise _Missing(f"{cond.label}: no eval/clamp.json")
-    if what == FREEZE_MODE and not finite(s.clamp_dce.get(FREEZE_MODE)):
-        raise _Missing(f"{cond.label}: no {FREEZE_MODE} clamp in eval/clamp.json")
+    if what in (FREEZE_MODE, OTHER_CLAMP) and not finite(s.clamp_dce.get(what)):
+        raise _Missing(f"{cond.label}: no {what} clamp in eval/clamp.json")
     if what == "accumulation" and not finite(s.accumulation):
         raise _Missing(f"{cond.label}: no ‖H_1‖, ‖H_K‖ exit norms")
     return s
 
 
-def _present(table: dict, conds, what: str) -> tuple[list, list]:
+def _present(table: dict, conds, what: str, stat: str = "mean") -> tuple[list, list]:
     got, missing = [], []
     for c in conds:
         try:
-            got.append(_get(table, c, what))
+            got.append(_get(table, c, what, stat))
         except _Missing as e:
             missing.append(str(e))
     return got, missing
@@ -282,90 +307,142 @@ def _rel_range(ppl: list) -> float:
     return (max(v) - min(v)) / min(v)
 
 
+def _depth_gain(ppl: list) -> float:
+    v = [p for p in ppl if finite(p)]
+    return (v[0] - v[-1]) / v[0] if len(v) >= 2 and len(v) == len(ppl) else math.nan
+
+
+METRICS = {"range": ("R", _rel_range), "gain": ("G", _depth_gain)}  # (e)/(e2): a researcher choice
+
+
 def _sqrt_d(s: CondStats) -> float:
     return math.sqrt(s.d_model) if s.d_model else math.nan
+
+
+def _stat_note(stat: str) -> str:
+    return "" if stat == "mean" else f" [{NORM_STATS[stat]}]"
+
+
+def _verdict(ok: bool) -> str:
+    return REPRODUCED if ok else NOT_REPRODUCED
 
 
 # ---------------------------------------------------------------------------
 # the claims
 # ---------------------------------------------------------------------------
-def claim_drift(t: dict, ratio_min: float = DRIFT_RATIO_MIN) -> ClaimResult:
+def claim_drift(t: dict, ratio_min: float = DRIFT_RATIO_MIN, stat: str = "mean") -> ClaimResult:
     cid, claim = "a", "Per-loop CE through an RMSNorm readout lets ‖H_K‖ drift"
     p = (f"‖H_K‖ ≈ {paper.NORM_K_PER_LOOP_RMSNORM['44M']:,} (44M), {paper.NORM_K_PER_LOOP_RMSNORM['129M']:,} (129M) "
          f"vs tens ({paper.NORM_K_SCALE_VISIBLE_RANGE[0]}–{paper.NORM_K_SCALE_VISIBLE_RANGE[1]}) with the raw readout")
-    rule = f"‖H_K‖(per-loop CE + RMSNorm) ≥ {ratio_min:g} × ‖H_K‖(per-loop CE + raw)"
+    rule = f"‖H_K‖(per-loop CE + RMSNorm) ≥ {ratio_min:g} × ‖H_K‖(per-loop CE + raw)" + _stat_note(stat)
     try:
-        a, b = _get(t, PER_LOOP_RMS, "norm"), _get(t, PER_LOOP_RAW, "norm")
+        a, b = _get(t, PER_LOOP_RMS, "norm", stat), _get(t, PER_LOOP_RAW, "norm", stat)
     except _Missing as e:
         return _not_run(cid, claim, p, rule, [str(e)])
-    ratio = a.norm_K / b.norm_K
-    ours = f"‖H_K‖ {num(a.norm_K)} vs {num(b.norm_K)} (ratio {num(ratio, 'ratio')})"
-    return ClaimResult(cid, claim, p, ours, REPRODUCED if ratio >= ratio_min else NOT_REPRODUCED, rule)
+    ratio = a.norm(stat) / b.norm(stat)
+    ours = f"‖H_K‖ {num(a.norm(stat))} vs {num(b.norm(stat))} (ratio {num(ratio, 'ratio')})"
+    return ClaimResult(cid, claim, p, ours, _verdict(ratio >= ratio_min), rule)
 
 
-def claim_small_norms(t: dict, max_per_sqrt_d: float = SMALL_NORM_MAX_PER_SQRT_D) -> ClaimResult:
-    cid, claim = "b", "A raw readout or a norm penalty keeps ‖H_K‖ small"
+def _small_norms(t, cid, claim, conds, max_per_sqrt_d, stat) -> ClaimResult:
     p = f"‖H_K‖ in the tens ({paper.NORM_K_SCALE_VISIBLE_RANGE[0]}–{paper.NORM_K_SCALE_VISIBLE_RANGE[1]}; d=512/768)"
-    rule = (f"every present condition of {{{', '.join(c.label for c in SCALE_VISIBLE)}}} has "
-            f"‖H_K‖ ≤ {max_per_sqrt_d:g}·√d")
-    got, missing = _present(t, SCALE_VISIBLE, "norm")
+    rule = (f"every present condition of {{{', '.join(c.label for c in conds)}}} has "
+            f"‖H_K‖ ≤ {max_per_sqrt_d:g}·√d" + _stat_note(stat))
+    got, missing = _present(t, conds, "norm", stat)
     if not got:
         return _not_run(cid, claim, p, rule, missing)
-    ok = all(s.norm_K <= max_per_sqrt_d * _sqrt_d(s) for s in got)
-    ours = "; ".join(f"{s.cond.label}: {num(s.norm_K)} ({num(s.norm_K / _sqrt_d(s))}·√d)" for s in got)
+    ok = all(s.norm(stat) <= max_per_sqrt_d * _sqrt_d(s) for s in got)
+    ours = "; ".join(f"{s.cond.label}: {num(s.norm(stat))} ({num(s.norm(stat) / _sqrt_d(s))}·√d)" for s in got)
     ref = t.get(PER_LOOP_RMS)
-    if ref is not None and ref.n and finite(ref.norm_K):
-        ours += f"; for reference per-loop CE + RMSNorm readout: {num(ref.norm_K)}"
+    if ref is not None and ref.n and finite(ref.norm(stat)):
+        ours += f"; for reference per-loop CE + RMSNorm readout: {num(ref.norm(stat))}"
     if missing:
         ours += " (not run: " + "; ".join(missing) + ")"
-    return ClaimResult(cid, claim, p, ours, REPRODUCED if ok else NOT_REPRODUCED, rule)
+    return ClaimResult(cid, claim, p, ours, _verdict(ok), rule)
 
 
-INTER_LOOP_CLAIM = "Inter-loop normalisation removes the drift"
+def claim_small_norms(t: dict, max_per_sqrt_d: float = SMALL_NORM_MAX_PER_SQRT_D, stat: str = "mean") -> ClaimResult:
+    """(b): the raw-readout conditions."""
+    return _small_norms(t, "b", "A raw readout keeps ‖H_K‖ small", RAW_READOUTS, max_per_sqrt_d, stat)
+
+
+def claim_small_norms_penalty(t: dict, max_per_sqrt_d: float = SMALL_NORM_MAX_PER_SQRT_D,
+                              stat: str = "mean") -> ClaimResult:
+    """(b-pen), a sanity check: the norm penalty bounds ‖H_K‖ through the loss itself."""
+    return _small_norms(t, "b-pen", "A norm penalty keeps ‖H_K‖ small", PENALTIES, max_per_sqrt_d, stat)
+
+
+def claim_small_norms_registered(t: dict, max_per_sqrt_d: float = SMALL_NORM_MAX_PER_SQRT_D) -> ClaimResult:
+    """(b) as first registered: raw readouts and norm penalties together."""
+    return _small_norms(t, "b", "A raw readout or a norm penalty keeps ‖H_K‖ small", SCALE_VISIBLE,
+                        max_per_sqrt_d, "mean")
+
+
+INTER_LOOP_CLAIM = "Inter-loop normalisation keeps ‖H_K‖ small"
 INTER_LOOP_PAPER = ("named by the paper as a fix that removes the scale from the recurrence path; no runs shipped "
                     "(loopscale addition)")
 
 
 def claim_inter_loop(t: dict, max_per_sqrt_d: float = SMALL_NORM_MAX_PER_SQRT_D,
-                     ratio_min: float = DRIFT_RATIO_MIN) -> ClaimResult:
-    """(c) as first registered: the final-state magnitude."""
+                     ratio_min: float = DRIFT_RATIO_MIN, stat: str = "mean") -> ClaimResult:
+    """(c): the final-state magnitude (the rule as first registered)."""
     cid = "c"
     rule = (f"‖H_K‖(per-loop CE + RMSNorm + inter-loop norm) ≤ {max_per_sqrt_d:g}·√d and "
-            f"‖H_K‖(per-loop CE + RMSNorm, residual) ≥ {ratio_min:g} × it")
+            f"‖H_K‖(per-loop CE + RMSNorm, residual) ≥ {ratio_min:g} × it" + _stat_note(stat))
     try:
-        il, base = _get(t, INTER_LOOP, "norm"), _get(t, PER_LOOP_RMS, "norm")
+        il, base = _get(t, INTER_LOOP, "norm", stat), _get(t, PER_LOOP_RMS, "norm", stat)
     except _Missing as e:
         return _not_run(cid, INTER_LOOP_CLAIM, INTER_LOOP_PAPER, rule, [str(e)])
-    small = il.norm_K <= max_per_sqrt_d * _sqrt_d(il)
-    ratio = base.norm_K / il.norm_K
-    ours = (f"‖H_K‖ {num(il.norm_K)} ({num(il.norm_K / _sqrt_d(il))}·√d) with inter-loop norm vs {num(base.norm_K)} "
-            f"without (ratio {num(ratio, 'ratio')})")
-    return ClaimResult(cid, INTER_LOOP_CLAIM, INTER_LOOP_PAPER, ours,
-                       REPRODUCED if small and ratio >= ratio_min else NOT_REPRODUCED, rule)
+    small = il.norm(stat) <= max_per_sqrt_d * _sqrt_d(il)
+    ratio = base.norm(stat) / il.norm(stat)
+    ours = (f"‖H_K‖ {num(il.norm(stat))} ({num(il.norm(stat) / _sqrt_d(il))}·√d) with inter-loop norm vs "
+            f"{num(base.norm(stat))} without (ratio {num(ratio, 'ratio')})")
+    if finite(il.accumulation) and finite(base.accumulation):
+        ours += f"; ‖H_K‖/‖H_1‖ {num(il.accumulation)} with inter-loop norm vs {num(base.accumulation)} residual"
+    if finite(il.growth):
+        ours += f"; with inter-loop norm ‖H_K‖ grows over training ∝ t^{il.growth:.2f}"
+        if finite(base.growth):
+            ours += f" (residual t^{base.growth:.2f})"
+    return ClaimResult(cid, INTER_LOOP_CLAIM, INTER_LOOP_PAPER, ours, _verdict(small and ratio >= ratio_min), rule)
 
 
 def claim_accumulation(t: dict, max_accumulation: float = ACCUMULATION_MAX,
                        ratio_min: float = ACCUMULATION_RATIO_MIN) -> ClaimResult:
-    """(c) amended: the scale no longer accumulates across loops."""
-    cid = "c"
+    """(c-acc), a sanity check: the scale no longer accumulates across loops."""
+    cid, claim = "c-acc", "Inter-loop normalisation stops accumulation across loops"
     rule = (f"A = ‖H_K‖/‖H_1‖ over one pass; A(per-loop CE + RMSNorm + inter-loop norm) ≤ {max_accumulation:g} and "
             f"A(per-loop CE + RMSNorm, residual) ≥ {ratio_min:g} × it")
     try:
         il, base = _get(t, INTER_LOOP, "accumulation"), _get(t, PER_LOOP_RMS, "accumulation")
     except _Missing as e:
-        return _not_run(cid, INTER_LOOP_CLAIM, INTER_LOOP_PAPER, rule, [str(e)])
+        return _not_run(cid, claim, INTER_LOOP_PAPER, rule, [str(e)])
     ok = il.accumulation <= max_accumulation and base.accumulation >= ratio_min * il.accumulation
-    facts = f"; ‖H_K‖ {num(il.norm_K)} ({num(il.norm_K / _sqrt_d(il))}·√d) vs {num(base.norm_K)} residual"
-    if finite(il.growth):
-        facts += f"; with inter-loop norm ‖H_K‖ still grows over training ∝ t^{il.growth:.2f}"
-        if finite(base.growth):
-            facts += f" (residual t^{base.growth:.2f})"
-    ours = (f"‖H_K‖/‖H_1‖ {num(il.accumulation)} with inter-loop norm vs {num(base.accumulation)} residual" + facts)
-    return ClaimResult(cid, INTER_LOOP_CLAIM, INTER_LOOP_PAPER, ours, REPRODUCED if ok else NOT_REPRODUCED, rule)
+    ours = f"‖H_K‖/‖H_1‖ {num(il.accumulation)} with inter-loop norm vs {num(base.accumulation)} residual"
+    return ClaimResult(cid, claim, INTER_LOOP_PAPER, ours, _verdict(ok), rule)
+
+
+def claim_inter_loop_depth(t: dict, ratio_min: float = INTER_LOOP_DEPTH_GAIN_RATIO_MIN) -> ClaimResult:
+    """(c-depth): with the scale out of the recurrence path, the model gains from depth."""
+    cid, claim = "c-depth", "Inter-loop normalisation restores depth use"
+    p = ("not measured by the paper; its account predicts it (a model whose recurrence carries no scale "
+         "should use depth like the scale-controlled variants, Table 1)")
+    rule = (f"G = (PPL_1 − PPL_K)/PPL_1; G(per-loop CE + RMSNorm + inter-loop norm) ≥ "
+            f"max({ratio_min:g} × G(per-loop CE + RMSNorm, residual), {PPL_GAIN_MIN:g})")
+    try:
+        il, base = _get(t, INTER_LOOP, "exits"), _get(t, PER_LOOP_RMS, "exits")
+    except _Missing as e:
+        return _not_run(cid, claim, p, rule, [str(e)])
+    gi, gb = _depth_gain(il.exit_ppl), _depth_gain(base.exit_ppl)
+    if not (finite(gi) and finite(gb)):
+        return _not_run(cid, claim, p, rule, ["an exit PPL is missing"])
+    thr = max(ratio_min * gb, PPL_GAIN_MIN)
+    ours = (f"G with inter-loop norm {num(gi, 'spct')} vs residual {num(gb, 'spct')} (threshold {num(thr, 'pct')}); "
+            f"exits {'/'.join(num(v) for v in il.exit_ppl)} vs {'/'.join(num(v) for v in base.exit_ppl)}")
+    return ClaimResult(cid, claim, p, ours, _verdict(gi >= thr), rule)
 
 
 def claim_radial(t: dict, tolerance: float = 1.0) -> ClaimResult:
-    """`tolerance` > 1 loosens both bounds (the invisible one up, the visible one down) by that factor."""
+    """(d), a sanity check. `tolerance` > 1 loosens both bounds by that factor."""
     cid, claim = "d", "Scale-invariant readouts have ~zero radial gradient; the raw readout does not"
     p = f"radial fraction ~{paper.RADIAL_RMSNORM:.0e} (RMSNorm readout) vs ~{paper.RADIAL_RAW:.0e} (raw readout)"
     inv_max_thr, vis_min_thr = RADIAL_INVISIBLE_MAX * tolerance, RADIAL_VISIBLE_MIN / tolerance
@@ -389,43 +466,51 @@ def claim_radial(t: dict, tolerance: float = 1.0) -> ClaimResult:
             + ", ".join(f"{num(m, 'sci')} ({s.cond.label})" for s, m in zip(vis, vis_means)))
     if miss_i or miss_v:
         ours += " (not run: " + "; ".join(miss_i + miss_v) + ")"
-    return ClaimResult(cid, claim, p, ours, REPRODUCED if ok else NOT_REPRODUCED, rule)
+    return ClaimResult(cid, claim, p, ours, _verdict(ok), rule)
 
 
-def claim_k_invariance(t: dict, ratio_max: float = K_INVARIANCE_RATIO_MAX) -> ClaimResult:
+def claim_k_invariance(t: dict, ratio_max: float = K_INVARIANCE_RATIO_MAX, metric: str = "range") -> ClaimResult:
     cid, claim = "e", "The drifting model is K-invariant: more loops stop helping"
+    name, f = METRICS[metric]
     rms, raw = paper.PPL_129M[PER_LOOP_RMS.base], paper.PPL_129M[PER_LOOP_RAW.base]
     pr, pw = _rel_range(list(rms)), _rel_range(list(raw))
     p = (f"129M exit PPL k=1..4: RMSNorm {'/'.join(f'{x:.2f}' for x in rms)} (R={num(pr, 'pct')}) vs raw "
          f"{'/'.join(f'{x:.2f}' for x in raw)} (R={num(pw, 'pct')}); ratio {pr / pw:.2f}")
-    rule = (f"R = (max_k PPL_k − min_k PPL_k)/min_k PPL_k over exits k=1..K; "
-            f"R(per-loop CE + RMSNorm) ≤ {ratio_max:g} × R(per-loop CE + raw)")
+    if metric == "range":
+        rule = (f"R = (max_k PPL_k − min_k PPL_k)/min_k PPL_k over exits k=1..K; "
+                f"R(per-loop CE + RMSNorm) ≤ {ratio_max:g} × R(per-loop CE + raw)")
+    else:
+        rule = f"G = (PPL_1 − PPL_K)/PPL_1; G(per-loop CE + RMSNorm) ≤ {ratio_max:g} × G(per-loop CE + raw)"
     try:
         a, b = _get(t, PER_LOOP_RMS, "exits"), _get(t, PER_LOOP_RAW, "exits")
     except _Missing as e:
         return _not_run(cid, claim, p, rule, [str(e)])
-    ra, rb = _rel_range(a.exit_ppl), _rel_range(b.exit_ppl)
-    ratio = ra / rb if rb > 0 else math.inf
-    ours = (f"RMSNorm {'/'.join(num(x) for x in a.exit_ppl)} (R={num(ra, 'pct')}) vs raw "
-            f"{'/'.join(num(x) for x in b.exit_ppl)} (R={num(rb, 'pct')}); ratio {num(ratio)}")
-    return ClaimResult(cid, claim, p, ours, REPRODUCED if ratio <= ratio_max else NOT_REPRODUCED, rule)
+    ra, rb = f(a.exit_ppl), f(b.exit_ppl)
+    if not (finite(ra) and finite(rb)):
+        return _not_run(cid, claim, p, rule, ["an exit PPL is missing"])
+    if metric == "range":
+        ratio = ra / rb if rb > 0 else math.inf
+        ok = ratio <= ratio_max
+    else:
+        ratio = ra / rb if rb > 0 else math.nan
+        ok = rb > 0 and ra <= ratio_max * rb
+    ours = (f"RMSNorm {'/'.join(num(x) for x in a.exit_ppl)} ({name}={num(ra, 'pct')}) vs raw "
+            f"{'/'.join(num(x) for x in b.exit_ppl)} ({name}={num(rb, 'pct')}); ratio {num(ratio)}")
+    return ClaimResult(cid, claim, p, ours, _verdict(ok), rule)
 
 
-def _depth_gain(ppl: list) -> float:
-    v = [p for p in ppl if finite(p)]
-    return (v[0] - v[-1]) / v[0] if len(v) >= 2 and len(v) == len(ppl) else math.nan
-
-
-def claim_depth_gain(t: dict, ratio_min: float = DEPTH_GAIN_RATIO_MIN) -> ClaimResult:
-    """(e2), added after results: the scale-controlled variants do gain from depth."""
+def claim_depth_gain(t: dict, ratio_min: float = DEPTH_GAIN_RATIO_MIN, metric: str = "gain") -> ClaimResult:
+    """(e2): the scale-controlled variants do gain from depth."""
     cid, claim = "e2", "Scale-controlled variants gain from depth where the drifting model does not"
+    name, f = METRICS[metric]
     p = "129M gain G = (PPL_1 − PPL_4)/PPL_1: " + ", ".join(
         f"{lbl} {num(_depth_gain(list(paper.PPL_129M[c.base])), 'pct')}"
         for lbl, c in (("RMSNorm", PER_LOOP_RMS), ("raw", PER_LOOP_RAW), ("final-only norm", PER_LOOP_FINAL),
                        ("norm penalty", PER_LOOP_PENALTY)))
-    rule = (f"G = (PPL_1 − PPL_K)/PPL_1 over exits; every present condition of "
-            f"{{{', '.join(c.label for c in SCALE_CONTROLLED)}}} has G ≥ max({ratio_min:g} × G(per-loop CE + RMSNorm), "
-            f"{PPL_GAIN_MIN:g})")
+    defn = ("G = (PPL_1 − PPL_K)/PPL_1 over exits" if metric == "gain" else
+            "R = (max_k PPL_k − min_k PPL_k)/min_k PPL_k over exits")
+    rule = (f"{defn}; every present condition of {{{', '.join(c.label for c in SCALE_CONTROLLED)}}} has "
+            f"{name} ≥ max({ratio_min:g} × {name}(per-loop CE + RMSNorm), {PPL_GAIN_MIN:g})")
     try:
         ref = _get(t, PER_LOOP_RMS, "exits")
     except _Missing as e:
@@ -434,17 +519,17 @@ def claim_depth_gain(t: dict, ratio_min: float = DEPTH_GAIN_RATIO_MIN) -> ClaimR
     got = [s for s in got if len(s.exit_ppl) == len(ref.exit_ppl)]
     if not got:
         return _not_run(cid, claim, p, rule, missing or ["no scale-controlled condition at the same K"])
-    g_ref = _depth_gain(ref.exit_ppl)
+    g_ref = f(ref.exit_ppl)
     if not finite(g_ref):
         return _not_run(cid, claim, p, rule, [f"{ref.cond.label}: an exit PPL is missing"])
     thr = max(ratio_min * g_ref, PPL_GAIN_MIN)
-    gains = [(s, _depth_gain(s.exit_ppl)) for s in got]
+    gains = [(s, f(s.exit_ppl)) for s in got]
     ok = all(finite(g) and g >= thr for _, g in gains)
-    ours = f"G RMSNorm {num(g_ref, 'spct')} (threshold {num(thr, 'pct')}) vs " + ", ".join(
+    ours = f"{name} RMSNorm {num(g_ref, 'spct')} (threshold {num(thr, 'pct')}) vs " + ", ".join(
         f"{s.cond.label}: {num(g, 'spct')}" for s, g in gains)
     if missing:
         ours += " (not run: " + "; ".join(missing) + ")"
-    return ClaimResult(cid, claim, p, ours, REPRODUCED if ok else NOT_REPRODUCED, rule)
+    return ClaimResult(cid, claim, p, ours, _verdict(ok), rule)
 
 
 SCALE_CONTROL_CLAIM = "Scale-controlled variants reach lower PPL than per-loop CE + RMSNorm"
@@ -453,7 +538,8 @@ SCALE_CONTROL_CLAIM = "Scale-controlled variants reach lower PPL than per-loop C
 def _scale_control_paper() -> str:
     base = paper.PPL_129M[PER_LOOP_RMS.base][-1]
     return (f"129M PPL at K=4: RMSNorm {base:.2f} vs " +
-            ", ".join(f"{c.label.split(' + ', 1)[1]} {paper.PPL_129M[c.base][-1]:.2f}" for c in SCALE_CONTROLLED))
+            ", ".join(f"{c.label.split(' + ', 1)[1]} {paper.PPL_129M[c.base][-1]:.2f}" for c in SCALE_CONTROLLED)
+            + "; lower at every exit k = 2..4 too (Table 1)")
 
 
 def claim_scale_control(t: dict, gain_min: float = PPL_GAIN_MIN) -> ClaimResult:
@@ -473,13 +559,14 @@ def claim_scale_control(t: dict, gain_min: float = PPL_GAIN_MIN) -> ClaimResult:
         f"{s.cond.label}: {num(s.ppl_K)} ({num(s.ppl_K / ref.ppl_K - 1, 'spct')})" for s in got)
     if missing:
         ours += " (not run: " + "; ".join(missing) + ")"
-    return ClaimResult(cid, claim, p, ours, REPRODUCED if ok else NOT_REPRODUCED, rule)
+    return ClaimResult(cid, claim, p, ours, _verdict(ok), rule)
 
 
-def claim_matched_depth(t: dict, gain_min: float = PPL_GAIN_MIN) -> ClaimResult:
-    """(f) amended: lower PPL at every matched depth k = 2..K."""
-    cid, claim = "f", SCALE_CONTROL_CLAIM
-    p = _scale_control_paper() + "; lower at every exit k = 2..4 too (Table 1)"
+def claim_matched_depth(t: dict, gain_min: float = PPL_GAIN_MIN, exits: str = "all") -> ClaimResult:
+    """(f): lower PPL at every matched depth k = 2..K (exits="final": the final exit only)."""
+    if exits == "final":
+        return claim_scale_control(t, gain_min)
+    cid, claim, p = "f", SCALE_CONTROL_CLAIM, _scale_control_paper()
     rule = (f"every present condition of {{{', '.join(c.label for c in SCALE_CONTROLLED)}}} has PPL_k "
             f"≤ (1 − {gain_min:g}) × PPL_k(per-loop CE + RMSNorm) at every exit k = 2..K")
     try:
@@ -503,7 +590,7 @@ def claim_matched_depth(t: dict, gain_min: float = PPL_GAIN_MIN) -> ClaimResult:
         f"; RMSNorm exits {'/'.join(num(v) for v in ref.exit_ppl)}"
     if missing:
         ours += " (not run: " + "; ".join(missing) + ")"
-    return ClaimResult(cid, claim, p, ours, REPRODUCED if ok else NOT_REPRODUCED, rule)
+    return ClaimResult(cid, claim, p, ours, _verdict(ok), rule)
 
 
 CLAMP_CLAIM = "Clamping the scale of the drifting model barely changes CE"
@@ -521,14 +608,12 @@ def _clamp_threshold(t: dict, a: CondStats, fraction: float) -> tuple[float, flo
     return (max(fraction * gap, CLAMP_FLOOR_NATS) if finite(gap) else CLAMP_FLOOR_NATS), gap
 
 
-def _clamp_text(a: CondStats, thr: float, gap: float) -> str:
-    return (", ".join(f"{m} |ΔCE| {abs(v):.4f}" for m, v in a.clamp_dce.items() if finite(v)) +
-            f" nats; threshold {thr:.4f} nats" +
-            (f" (CE gap to raw {gap:.4f})" if finite(gap) else " (raw condition absent: floor only)"))
+def _modes_text(s: CondStats) -> str:
+    return ", ".join(f"{m} |ΔCE| {abs(v):.4f}" for m, v in s.clamp_dce.items() if finite(v)) + " nats"
 
 
 def claim_clamp(t: dict, fraction: float = CLAMP_GAP_FRACTION) -> ClaimResult:
-    """(g) as first registered: the worse of every clamp mode."""
+    """(g) as first registered: the worse of remove_radial and freeze_loop1, against a quarter of the CE gap."""
     cid = "g"
     rule = (f"on per-loop CE + RMSNorm, max over clamps (remove_radial, freeze_loop1) of the seed mean of |ΔCE| "
             f"at exit K ≤ max({fraction:g} × |CE_K(per-loop RMSNorm) − CE_K(per-loop raw)|, {CLAMP_FLOOR_NATS:g} nats)")
@@ -541,63 +626,140 @@ def claim_clamp(t: dict, fraction: float = CLAMP_GAP_FRACTION) -> ClaimResult:
     if not modes:
         return _not_run(cid, CLAMP_CLAIM, CLAMP_PAPER, rule, [f"{PER_LOOP_RMS.label}: no remove_radial or "
                                                              f"freeze_loop1 clamp in eval/clamp.json"])
-    worst = max(modes)
-    return ClaimResult(cid, CLAMP_CLAIM, CLAMP_PAPER, _clamp_text(a, thr, gap),
-                       REPRODUCED if worst <= thr else NOT_REPRODUCED, rule)
+    ours = _modes_text(a) + f"; threshold {thr:.4f} nats" + (
+        f" (CE gap to raw {gap:.4f})" if finite(gap) else " (raw condition absent: floor only)")
+    return ClaimResult(cid, CLAMP_CLAIM, CLAMP_PAPER, ours, _verdict(max(modes) <= thr), rule)
 
 
-def claim_freeze(t: dict, fraction: float = CLAMP_GAP_FRACTION) -> ClaimResult:
-    """(g) amended: the paper's clamp, freeze_loop1; the other modes are reported beside it."""
+def claim_freeze(t: dict, max_dce: float = CLAMP_DCE_MAX, mode: str = FREEZE_MODE) -> ClaimResult:
+    """(g): |ΔCE_K| of the drifting model under the paper's clamp, against a fixed bound."""
     cid = "g"
-    rule = (f"on per-loop CE + RMSNorm, the seed mean of |ΔCE| at exit K under {FREEZE_MODE} "
-            f"≤ max({fraction:g} × |CE_K(per-loop RMSNorm) − CE_K(per-loop raw)|, {CLAMP_FLOOR_NATS:g} nats); "
-            f"remove_radial reported beside it")
+    rule = (f"on per-loop CE + RMSNorm, the seed mean of |ΔCE| at exit K under {mode} ≤ {max_dce:g} nats (fixed "
+            f"bound); " + ("remove_radial reported beside it" if mode == FREEZE_MODE else "the official remove_radial clamp"))
     try:
-        a = _get(t, PER_LOOP_RMS, FREEZE_MODE)
+        a = _get(t, PER_LOOP_RMS, mode)
     except _Missing as e:
         return _not_run(cid, CLAMP_CLAIM, CLAMP_PAPER, rule, [str(e)])
-    thr, gap = _clamp_threshold(t, a, fraction)
-    v = abs(a.clamp_dce[FREEZE_MODE])
-    return ClaimResult(cid, CLAMP_CLAIM, CLAMP_PAPER, _clamp_text(a, thr, gap),
-                       REPRODUCED if v <= thr else NOT_REPRODUCED, rule)
+    v = abs(a.clamp_dce[mode])
+    return ClaimResult(cid, CLAMP_CLAIM, CLAMP_PAPER, _modes_text(a) + f"; bound {max_dce:g} nats",
+                       _verdict(v <= max_dce), rule)
+
+
+def claim_clamp_control(t: dict, ratio_max: float = CLAMP_SENSITIVITY_RATIO_MAX, mode: str = FREEZE_MODE) -> ClaimResult:
+    """(g-ctrl): the drifting model's CE is less sensitive to the clamp's scale change than the raw control's."""
+    cid, claim = "g-ctrl", "The drifting model's CE is less scale-sensitive than a raw readout's (clamp control)"
+    p = ("the paper reports the clamp on the drifting model only; its account (a scale-invariant readout cannot see "
+         "the scale) predicts the contrast with a raw readout")
+    rule = (f"S = |ΔCE_K({mode})| / |ln(‖H_K‖/‖H_1‖)| (seed means); S(per-loop CE + RMSNorm) ≤ {ratio_max:g} × "
+            f"S(per-loop CE + raw); control uninformative when |ln(‖H_K‖/‖H_1‖)|(raw) < {CONTROL_LOG_SCALE_MIN:g}")
+    try:
+        a, b = _get(t, PER_LOOP_RMS, mode), _get(t, PER_LOOP_RAW, mode)
+        _get(t, PER_LOOP_RMS, "accumulation"), _get(t, PER_LOOP_RAW, "accumulation")
+    except _Missing as e:
+        return _not_run(cid, claim, p, rule, [str(e)])
+    da, db = abs(a.clamp_dce[mode]), abs(b.clamp_dce[mode])
+    ours_b = f"raw |ΔCE| {db:.4f} over |ln A| {b.log_scale:.3f}"
+    if not finite(b.log_scale) or b.log_scale < CONTROL_LOG_SCALE_MIN:
+        return ClaimResult(cid, claim, p, f"{ours_b} (< {CONTROL_LOG_SCALE_MIN:g}: the clamp barely changes the "
+                                          f"control's scale); RMSNorm {_modes_text(a)}", UNINFORMATIVE, rule)
+    if not finite(a.log_scale) or a.log_scale <= 0:
+        return _not_run(cid, claim, p, rule, [f"{a.cond.label}: no scale change between loop 1 and K"])
+    sa, sb = da / a.log_scale, db / b.log_scale
+    ours = (f"S RMSNorm {sa:.4f} (|ΔCE| {da:.4f} over |ln A| {a.log_scale:.3f}) vs raw {sb:.4f} ({ours_b}); "
+            f"ratio {num(sa / sb if sb > 0 else math.inf)}; RMSNorm {_modes_text(a)}; raw {_modes_text(b)}")
+    return ClaimResult(cid, claim, p, ours, _verdict(sa <= ratio_max * sb), rule)
 
 
 # ---------------------------------------------------------------------------
-# the claims as registered, amended and added, with their robustness grids
+# the claims in force, as first registered, and the researcher choices
 # ---------------------------------------------------------------------------
 @dataclass(frozen=True)
+class Choice:
+    """A choice a researcher made that the rule does not fix: the rule's keyword `knob` and its
+    options ((value, label), ...), the rule's own first."""
+    name: str
+    knob: str
+    options: tuple
+
+
+STAT_CHOICE = Choice("‖H_K‖ statistic", "stat", tuple(NORM_STATS.items()))
+CLAMP_CHOICE = Choice("clamp", "mode", ((FREEZE_MODE, FREEZE_MODE), (OTHER_CLAMP, OTHER_CLAMP)))
+EXITS_CHOICE = Choice("exits", "exits", (("all", "every exit k = 2..K"), ("final", "final exit only")))
+E_METRIC_CHOICE = Choice("metric", "metric", (("range", "exit-PPL range R"), ("gain", "depth gain G")))
+E2_METRIC_CHOICE = Choice("metric", "metric", (("gain", "depth gain G"), ("range", "exit-PPL range R")))
+
+
+@dataclass(frozen=True)
 class ClaimSpec:
-    """One claim: the rule in force (`fn`, its threshold keyword `knob` and the grid of values
-    the robustness line evaluates), and where it was amended after results, the rule as first
-    registered (`registered`) and why (`amendment`)."""
+    """One claim: the rule in force (`fn`, its threshold keyword `knob` and the grid of values the
+    threshold line evaluates), its kind (evidence | sanity, and why a sanity check holds by
+    construction), the researcher choices it is re-evaluated under, and, for the experiments run
+    before the pre-registration, the rule as first registered (`registered`) and the history
+    (`amendment`)."""
     fn: object
     knob: str
     grid: tuple
+    kind: str = EVIDENCE
+    why_sanity: str = ""
     registered: object = None
     amendment: str = ""
+    choices: tuple = ()
 
 
 CLAIM_SPECS = (
-    ClaimSpec(claim_drift, "ratio_min", (3, 5, 10, 20, 50)),
-    ClaimSpec(claim_small_norms, "max_per_sqrt_d", (3, 5, 10, 20, 40)),
-    ClaimSpec(claim_accumulation, "max_accumulation", (1.1, 1.25, 1.5, 2.0, 3.0), registered=claim_inter_loop,
-              amendment="amended after results, because the paper's fix removes the scale from the recurrence path "
-                        "(loop k+1 receives a fixed-RMS state, so scale cannot accumulate across loops); one pass "
-                        "of the stack still writes a large state, which the registered magnitude rule tested"),
-    ClaimSpec(claim_radial, "tolerance", (0.01, 0.1, 1, 10, 100)),
-    ClaimSpec(claim_k_invariance, "ratio_max", (0.25, 0.5, 0.75, 1.0)),
-    ClaimSpec(claim_depth_gain, "ratio_min", (1.5, 2, 3, 5),
+    ClaimSpec(claim_drift, "ratio_min", (3, 5, 10, 20, 50), choices=(STAT_CHOICE,)),
+    ClaimSpec(claim_small_norms, "max_per_sqrt_d", (3, 5, 10, 20, 40), choices=(STAT_CHOICE,),
+              registered=claim_small_norms_registered,
+              amendment="split after results (2026-12 review): the norm-penalty conditions moved to (b-pen), a sanity "
+                        "check, because the penalty bounds ‖H_K‖ through the loss itself"),
+    ClaimSpec(claim_small_norms_penalty, "max_per_sqrt_d", (3, 5, 10, 20, 40), kind=SANITY,
+              why_sanity="enforced by the loss", choices=(STAT_CHOICE,),
+              amendment="split from (b) after results (2026-12 review), its rule as registered"),
+    ClaimSpec(claim_inter_loop, "max_per_sqrt_d", (3, 5, 10, 20, 40), choices=(STAT_CHOICE,),
+              amendment="the rule as first registered; titled \"Inter-loop normalisation removes the drift\" until the "
+                        "2026-12 review, and replaced after results by the accumulation rule, now (c-acc), a sanity "
+                        "check"),
+    ClaimSpec(claim_accumulation, "max_accumulation", (1.1, 1.25, 1.5, 2.0, 3.0), kind=SANITY,
+              why_sanity="structural: each loop receives a fixed-RMS state",
+              amendment="added after results (first as the amended (c)), because the paper's fix removes the scale "
+                        "from the recurrence path; a sanity check since the 2026-12 review"),
+    ClaimSpec(claim_inter_loop_depth, "ratio_min", (1.5, 2, 3, 5),
+              amendment="added after results (2026-12 review), because the inter-loop model was as K-invariant as "
+                        "the drifting one and no rule reported it"),
+    ClaimSpec(claim_radial, "tolerance", (0.01, 0.1, 1, 10, 100), kind=SANITY,
+              why_sanity="identity of scale-invariant readouts (r(αH) = r(H) forces a zero radial gradient)"),
+    ClaimSpec(claim_k_invariance, "ratio_max", (0.25, 0.5, 0.75, 1.0), choices=(E_METRIC_CHOICE,)),
+    ClaimSpec(claim_depth_gain, "ratio_min", (1.5, 2, 3, 5), choices=(E2_METRIC_CHOICE,),
               amendment="added after results, because the paper's K-invariance claim has two halves (Table 1: the "
                         "scale-controlled variants gain from depth) and (e) tested only the drifting model's"),
     ClaimSpec(claim_matched_depth, "gain_min", (0, 0.005, 0.01, 0.02, 0.05), registered=claim_scale_control,
+              choices=(EXITS_CHOICE,),
               amendment="amended after results, because the paper's frontier claim compares the variants at "
                         "matched depth (Table 1's exits, Table 5), not only at the final exit"),
-    ClaimSpec(claim_freeze, "fraction", (0.1, 0.25, 0.5, 1.0), registered=claim_clamp,
-              amendment="amended after results, because the paper's clamp rescales the state to its loop-1 "
-                        "magnitude (freeze_loop1 in the official radial_clamp_intervention.py); remove_radial is "
-                        "another intervention and is reported beside it"),
+    ClaimSpec(claim_freeze, "max_dce", (0.01, 0.02, 0.05), registered=claim_clamp, choices=(CLAMP_CHOICE,),
+              amendment="amended after results: to freeze_loop1 alone (the paper's clamp rescales the state to its "
+                        "loop-1 magnitude, freeze_loop1 in the official radial_clamp_intervention.py), then (2026-12 "
+                        "review) to a fixed bound, because a quarter of the RMSNorm-vs-raw CE gap gives a worse "
+                        "drifting model a looser bound"),
+    ClaimSpec(claim_clamp_control, "ratio_max", (0.25, 0.5, 1.0), choices=(CLAMP_CHOICE,),
+              amendment="added after results (2026-12 review), because (g) alone has no control: the raw model's CE "
+                        "moved as much under freeze_loop1 in cpu_long"),
 )
 CLAIMS = tuple(spec.fn for spec in CLAIM_SPECS)  # the rules in force
+# claim families: the claims an experiment's claims.md evaluates (params.yaml `claims:`)
+FACTORIAL_IDS = ("a", "e", "e2", "f", "g", "g-ctrl")
+
+
+def specs_of(family: str = "paper") -> tuple:
+    if family == "paper":
+        return CLAIM_SPECS
+    if family == "factorial":
+        return tuple(s for s in CLAIM_SPECS if _id_of(s) in FACTORIAL_IDS)
+    raise ValueError(f"unknown claims family {family!r} (paper, factorial; dose has its own rules: report/dose.py)")
+
+
+def _id_of(spec: ClaimSpec) -> str:
+    return spec.fn({}).id
 
 
 def robustness(spec: ClaimSpec, table: dict) -> str:
@@ -612,68 +774,155 @@ def robustness(spec: ClaimSpec, table: dict) -> str:
 
 
 def evaluate(table: dict, size: str = "", specs=CLAIM_SPECS) -> list[ClaimResult]:
-    """Every claim on one size: `table` maps Condition -> CondStats (the rules in force)."""
+    """Every claim on one arm: `table` maps Condition -> CondStats (the rules in force)."""
     out = []
     for spec in specs:
         r = spec.fn(table)
-        r.size = size
+        r.size, r.kind, r.why_sanity = size, spec.kind, spec.why_sanity
         out.append(r)
     return out
 
 
-def _registered(specs) -> tuple:
-    return tuple(ClaimSpec(s.registered, "", ()) for s in specs if s.registered is not None)
+def _tables(recs: list[RunRecord]) -> tuple[dict, dict]:
+    """The seed-mean table of one arm and one table per seed."""
+    by_cond: dict = {}
+    for r in recs:
+        by_cond.setdefault(r.cond, []).append(r)
+    table = {c: stats_of(c, rs) for c, rs in by_cond.items()}
+    seeds = sorted({r.seed for r in recs if r.completed and r.seed is not None})
+    per_seed = {s: {c: stats_of(c, [r for r in rs if r.seed == s]) for c, rs in by_cond.items()
+                    if any(r.seed == s for r in rs)} for s in seeds}
+    return table, per_seed
 
 
-def evaluate_groups(groups: list[Group], specs=CLAIM_SPECS) -> list[ClaimResult]:
-    """Claims per model size (in size order), on the seed means and per seed; where a rule was
-    amended, the registered rule's verdict beside it; a robustness line per claim."""
-    by_size: dict[Size, list] = {}
-    for g in groups:
-        by_size.setdefault(g.size, []).append(g)
+def _arms(records: list[RunRecord]) -> list[tuple[tuple, list]]:
+    arms: dict = {}
+    for r in records:
+        arms.setdefault((r.arm, r.size), []).append(r)
+    return sorted(arms.items(), key=lambda kv: (min(r.params for r in kv[1]), min(r.d_model for r in kv[1]), kv[0]))
+
+
+def evaluate_records(records: list[RunRecord], specs=CLAIM_SPECS, preregistered: str = "") -> list[ClaimResult]:
+    """Claims per arm, on the seed means and per seed; each claim under its researcher choices
+    (per seed) and over its threshold grid (seed means). Where the experiment predates the
+    pre-registration (`preregistered` empty) a changed rule's registered verdict is shown beside it;
+    otherwise the rules are those `preregistered` names."""
     out = []
-    for size, gs in by_size.items():
-        table = {g.cond: condition_stats(g) for g in gs}
-        seeds = sorted({r.seed for g in gs for r in g.used if r.seed is not None})
-        seed_tables = {s: {g.cond: condition_stats(_of_seed(g, s)) for g in gs} for s in seeds}
+    for (arm, size), recs in _arms(records):
+        table, seed_tables = _tables(recs)
+        seeds = list(seed_tables)
 
         def judged(specs_) -> list[ClaimResult]:
-            results = evaluate(table, size.label, specs_)
+            results = evaluate(table, size, specs_)
             per_seed = {s: evaluate(seed_tables[s], specs=specs_) for s in seeds}
             for i, r in enumerate(results):
+                r.arm = arm
                 r.mean_verdict = r.verdict
                 r.seed_verdicts = {s: per_seed[s][i].verdict for s in seeds}
                 r.verdict = combine(r.mean_verdict, r.seed_verdicts)
             return results
 
         results = judged(specs)
-        registered = iter(judged(_registered(specs)))
+        registered = [ClaimSpec(s.registered, "", ()) for s in specs if s.registered is not None]
+        registered = iter(judged(registered)) if not preregistered else iter(())
         for spec, r in zip(specs, results):
             r.robustness = robustness(spec, table)
-            r.amendment = spec.amendment
-            if spec.registered is not None:
-                reg = next(registered)
-                r.registered_rule, r.registered_verdict = reg.rule, reg.verdict
+            for ch in spec.choices:
+                for value, label in ch.options:
+                    for s in seeds:
+                        r.choice_cells.append((ch.name, label, s, spec.fn(seed_tables[s], **{ch.knob: value}).verdict))
+            if preregistered:
+                r.amendment = f"pre-registered ({preregistered})"
+            else:
+                r.amendment = spec.amendment
+                if spec.registered is not None:
+                    reg = next(registered)
+                    r.registered_rule, r.registered_verdict = reg.rule, reg.verdict
         out += results
     return out
 
 
-def _of_seed(g: Group, seed) -> Group:
-    return Group(g.size, g.cond, [r for r in g.runs if r.seed == seed])
+def evaluate_groups(groups: list[Group], specs=CLAIM_SPECS, preregistered: str = "") -> list[ClaimResult]:
+    """`evaluate_records` on run groups (size × condition)."""
+    return evaluate_records(records_of_runs([r for g in groups for r in g.runs]), specs, preregistered)
+
+
+# ---------------------------------------------------------------------------
+# claims.md / claims.csv / choices.csv
+# ---------------------------------------------------------------------------
+def _registered_text(r: ClaimResult) -> str:
+    if r.registered_rule:
+        return f"{r.amendment}. Registered rule: {r.registered_rule} → **{r.registered_verdict}**"
+    return r.amendment or "as registered"
 
 
 def claims_markdown(results: list[ClaimResult]) -> str:
     from .fmt import md_table
-    multi = len({r.size for r in results}) > 1
-    header = (["Size"] if multi else []) + ["Claim", "Paper", "Ours (seed means)", "Verdict", "Per seed", "Rule",
-                                            "Robustness (seed means)", "As first registered"]
+    multi = len({r.arm for r in results}) > 1
+    out = []
+    for kind, title, intro in (
+            (EVIDENCE, "Evidence", "Rules the models could fail."),
+            (SANITY, "Sanity checks", "Rules that hold by construction (the last column says why): they check the "
+                                      "code and the runs, not the paper's claim.")):
+        rs = [r for r in results if r.kind == kind]
+        if not rs:
+            continue
+        header = (["Arm"] if multi else []) + ["Claim", "Paper", "Ours (seed means)", "Verdict", "Per seed", "Rule",
+                                               "Researcher choices (per seed)",
+                                               "Threshold grid (seed means; grid chosen after results)",
+                                               "As first registered"] + (["Why a sanity check"] if kind == SANITY else [])
+        rows = [([r.arm] if multi else []) + [f"({r.id}) {r.claim}", r.paper, r.ours, f"**{r.verdict}**",
+                                              r.per_seed_text() or "—", r.rule, r.choices_text(), r.robustness or "—",
+                                              _registered_text(r)] + ([r.why_sanity] if kind == SANITY else [])
+                for r in rs]
+        out.append(f"## {title}\n\n{intro}\n\n" + md_table(header, rows))
+    out.append(choices_markdown(results))
+    return "\n".join(out)
 
-    def registered(r: ClaimResult) -> str:
-        if r.registered_rule:
-            return f"{r.amendment}. Registered rule: {r.registered_rule} → **{r.registered_verdict}**"
-        return r.amendment or "as registered"
 
-    rows = [([r.size] if multi else []) + [f"({r.id}) {r.claim}", r.paper, r.ours, f"**{r.verdict}**",
-                                           r.per_seed_text() or "—", r.rule, r.robustness or "—", registered(r)]
-            for r in results]
-    return md_table(header, rows)
+def choices_markdown(results: list[ClaimResult]) -> str:
+    """Per claim and researcher choice: each option's per-seed verdicts, and how many cells agree
+    with the headline (seed-mean) verdict."""
+    from .fmt import md_table
+    multi = len({r.arm for r in results}) > 1
+    rows = []
+    for r in results:
+        options: dict = {}
+        for choice, option, seed, v in r.choice_cells:
+            options.setdefault((choice, option), []).append(f"{seed}: {v}")
+        for (choice, option), cells in options.items():
+            if all(c.endswith(NOT_RUN) for c in cells):
+                continue  # e.g. no norms diagnostic with a median: the option is listed in choices.csv only
+            rows.append(([r.arm] if multi else []) + [f"({r.id})", choice, option, "; ".join(cells)])
+    head = ("## Researcher choices\n\nEach claim re-evaluated in every seed under the choices the rule does not fix "
+            "(the rule's own option first). Agreement with the headline (seed-mean) verdict, over the evaluable "
+            "choice × seed cells:\n\n" + "\n".join(
+                f"- {'[' + r.arm + '] ' if multi else ''}({r.id}) headline **{r.mean_verdict or r.verdict}**: "
+                f"{r.choices_text()}" for r in results) + "\n")
+    if not rows:
+        return head
+    return head + "\n" + md_table((["Arm"] if multi else []) + ["Claim", "Choice", "Option", "Verdict per seed"], rows)
+
+
+def claims_frame(results: list[ClaimResult]):
+    import pandas as pd
+    return pd.DataFrame([r.as_dict() for r in results], columns=CLAIMS_COLUMNS)
+
+
+def choices_frame(results: list[ClaimResult]):
+    import pandas as pd
+    rows = [{"arm": r.arm, "id": r.id, "kind": r.kind, "claim": r.claim, "choice": c, "option": o,
+             "headline": r.mean_verdict or r.verdict, "seed": s, "verdict": v,
+             "agrees": (v == (r.mean_verdict or r.verdict)) if v in (REPRODUCED, NOT_REPRODUCED) else None}
+            for r in results for c, o, s, v in r.choice_cells]
+    return pd.DataFrame(rows, columns=CHOICES_COLUMNS)
+
+
+THRESHOLD_NAMES = ("DRIFT_RATIO_MIN", "SMALL_NORM_MAX_PER_SQRT_D", "RADIAL_INVISIBLE_MAX", "RADIAL_VISIBLE_MIN",
+                   "K_INVARIANCE_RATIO_MAX", "PPL_GAIN_MIN", "ACCUMULATION_MAX", "ACCUMULATION_RATIO_MIN",
+                   "DEPTH_GAIN_RATIO_MIN", "INTER_LOOP_DEPTH_GAIN_RATIO_MIN", "CLAMP_DCE_MAX",
+                   "CLAMP_SENSITIVITY_RATIO_MAX", "CONTROL_LOG_SCALE_MIN")
+
+
+def thresholds_text() -> str:
+    return "Thresholds: " + ", ".join(f"`{k}` = {globals()[k]:g}" for k in THRESHOLD_NAMES) + "."

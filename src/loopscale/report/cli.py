@@ -37,9 +37,9 @@ def cmd_tables(args) -> int:
     from .aggregate import write_tables
     from .metrics import write_metrics
     from .tables import build_tables
-    from .write import claims_table
+    from .write import claims_tables
     runs = _runs(args)
-    tables = build_tables(runs, root=Path.cwd()) + [claims_table(runs)]
+    tables = build_tables(runs, root=Path.cwd()) + claims_tables(runs, args.claims, args.preregistered)
     written = write_tables(tables, Path(args.out)) + [write_metrics(tables, Path(args.out) / "metrics.json")]
     print(f"loopscale report tables: {len(runs)} runs -> {len(written)} files in {args.out}")
     return 0
@@ -49,6 +49,10 @@ def cmd_figures(args) -> int:
     from .figures import write_figures
     runs = _runs(args)
     written = write_figures(runs, Path(args.out))
+    if args.claims == "dose":  # the dose-response figure (report/dose.py)
+        from . import dose
+        from .records import records_of_runs
+        written.append(dose.fig_dose(dose.run_rows(records_of_runs(runs)), Path(args.out) / "dose.png"))
     print(f"loopscale report figures: {len(runs)} runs -> {len(written)} figures (PNG + PDF) in {args.out}")
     return 0
 
@@ -119,6 +123,40 @@ def cmd_drift_law_predict(args) -> int:
     return 0
 
 
+def cmd_claims(args) -> int:
+    """claims/choices (+ dose) tables rebuilt from an experiment's committed per_seed.csv and train_norms.csv."""
+    from .aggregate import write_tables
+    from .records import RecordsError, records_from_results
+    from .write import claims_tables_of_records
+    try:
+        records = records_from_results(args.results)
+    except RecordsError as e:
+        print(f"loopscale report claims: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out or args.results)
+    tables = claims_tables_of_records(records, args.claims, args.preregistered)
+    tables[0].md = (f"Rebuilt by `loopscale report claims` from the committed per_seed.csv and train_norms.csv (the "
+                    f"run directories were not at hand: the median-‖H_K‖ choice, which needs eval/norms.json per run, "
+                    f"is absent).\n\n" + tables[0].md)
+    written = write_tables(tables, out)
+    if args.claims == "dose" and args.figures:
+        from . import dose
+        written.append(dose.fig_dose(tables[-1].df, Path(args.figures) / "dose.png"))
+    print(f"loopscale report claims: {len(records)} runs ({args.results}/per_seed.csv) -> {len(written)} files in {out}")
+    return 0
+
+
+def cmd_claims_matrix(args) -> int:
+    from . import claims_matrix
+    try:
+        written = claims_matrix.write(args.results, args.out)
+    except claims_matrix.MatrixError as e:
+        print(f"loopscale report claims-matrix: {e}", file=sys.stderr)
+        return 2
+    print(f"loopscale report claims-matrix: {len(args.results)} experiment(s) -> {', '.join(map(str, written))}")
+    return 0
+
+
 def write_story(run_dirs: list[str], out: Path) -> list[Path]:
     """story.{csv,md}, story_summary.json and story_quadrant.{png,pdf} of the runs under `run_dirs`."""
     import json
@@ -159,19 +197,30 @@ def add_cli(subparsers) -> None:
     p = subparsers.add_parser("report", help="aggregate tables, figures and REPORT.md from run directories",
                               description="Aggregate run directories into tables (CSV + Markdown), figures (PNG) "
                                           "and REPORT.md.")
-    sub = p.add_subparsers(dest="report_command", required=True, metavar="{tables,figures,write,drift-law,drift-law-predict}")
+    sub = p.add_subparsers(dest="report_command", required=True,
+                           metavar="{tables,figures,write,drift-law,drift-law-predict,claims,claims-matrix}")
 
     def runs_arg(q):
         q.add_argument("--runs", nargs="+", required=True, metavar="RUN_DIR",
                        help="run directories (or directories searched recursively for runs)")
 
+    def claims_args(q):
+        q.add_argument("--claims", default="paper", choices=("paper", "factorial", "dose"),
+                       help="the claims family (params.yaml experiments.<name>.claims; default: paper)")
+        q.add_argument("--preregistered", default="", metavar="PATH",
+                       help="the pre-registration the rules were fixed in (studies/<name>/preregistration.md): "
+                            "claims.md then shows no after-results amendments")
+
     q = sub.add_parser("tables", help="aggregate tables as CSV + Markdown (+ claims.csv/md)")
     runs_arg(q)
     q.add_argument("--out", required=True, help="output directory, e.g. results/<exp>")
+    claims_args(q)
     q.set_defaults(func=cmd_tables)
 
     q = sub.add_parser("figures", help="PNG figures")
     runs_arg(q)
+    q.add_argument("--claims", default="paper", choices=("paper", "factorial", "dose"),
+                   help="the claims family; dose adds the dose-response figure dose.png")
     q.add_argument("--out", required=True, help="output directory, e.g. results/<exp>/figures")
     q.set_defaults(func=cmd_figures)
 
@@ -214,6 +263,20 @@ def add_cli(subparsers) -> None:
     q.add_argument("--out", default=None, metavar="FILE",
                    help="write the drift_predictions YAML (or a CSV when FILE ends in .csv); default: print it")
     q.set_defaults(func=cmd_drift_law_predict)
+
+    q = sub.add_parser("claims", help="claims/choices tables rebuilt from an experiment's committed per_seed.csv "
+                                      "(+ train_norms.csv), without its run directories")
+    q.add_argument("--results", required=True, metavar="RESULTS_DIR", help="e.g. results/cpu_long")
+    q.add_argument("--out", default=None, help="output directory (default: RESULTS_DIR)")
+    q.add_argument("--figures", default=None, help="with --claims dose: directory of dose.png (e.g. RESULTS_DIR/figures)")
+    claims_args(q)
+    q.set_defaults(func=cmd_claims)
+
+    q = sub.add_parser("claims-matrix", help="every claim × experiment (and arm) from the experiments' claims.csv")
+    q.add_argument("--results", nargs="+", required=True, metavar="RESULTS_DIR",
+                   help="results directories holding claims.csv (e.g. results/cpu results/cpu_confirm)")
+    q.add_argument("--out", required=True, help="output directory, e.g. results/claims_matrix")
+    q.set_defaults(func=cmd_claims_matrix)
 
 
 if __name__ == "__main__":  # pragma: no cover
