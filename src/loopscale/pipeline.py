@@ -45,7 +45,7 @@ from typing import Any, Iterable, Optional
 import yaml
 
 from . import registry
-from .config import EVAL_PRESETS, MODEL_PRESETS, ConfigError, EvalConfig, RunConfig, merge, read_yaml
+from .config import EVAL_PRESETS, LIMITS, MODEL_PRESETS, ConfigError, EvalConfig, RunConfig, merge, read_yaml
 from .io import atomic_write_bytes, atomic_write_text
 from .registry import AXES, AXIS_DEFAULTS, Condition, axis_values
 
@@ -422,6 +422,11 @@ def build_experiment(params: dict, name: str) -> Experiment:
             if not size_conditions:
                 raise ParamsError(f"{swhere}.conditions: no conditions")
         size_seeds = list(spec.get("seeds", seeds))
+        planned = len(runs) + len(size_conditions) * len(size_seeds)
+        if planned > LIMITS["grid_runs"]:  # before any run is built (and before Snakemake writes a run directory)
+            raise ParamsError(f"{where}: {planned:,} runs (sizes x conditions x seeds) or more, beyond the "
+                              f"{LIMITS['grid_runs']:,} one experiment may plan (config.LIMITS['grid_runs']); "
+                              f"split it into several experiments")
         for cs in size_conditions:
             c = cs.condition
             cond_train, cond_eval = _split_eval(cs.override_dict)
