@@ -463,3 +463,34 @@ class TestParentWatch:
         assert stopped, (tmp_path / "log").read_text()[-2000:]
         with run_lock(run, "test"):  # nobody holds the run's lock any more
             pass
+
+
+# ---------------------------------------------------------------------------
+# the low findings: cross-checked settings, the file an error names
+# ---------------------------------------------------------------------------
+class TestLowFindings:
+    def test_stream_min_lr_above_the_peak_is_refused(self, tmp_path):
+        from loopscale import fineweb as FW
+        from loopscale import train_stream as TS
+        cfg = preset("ouro-smoke", {"train": {"max_steps": 2, "lr": 1e-3}})
+        s = FW.StreamConfig.from_dict({"min_lr": 1e-2})
+        with pytest.raises(ConfigError, match="stream.min_lr"):
+            TS.train_stream(cfg, s, tmp_path / "run")
+        assert not (tmp_path / "run").exists()
+
+    def test_an_exp_yaml_error_names_exp_yaml(self, tmp_path):
+        from loopscale.pipeline import ParamsError, load_and_validate
+        root = Path(__file__).parent.parent
+        name = next(iter(json.loads(json.dumps(
+            __import__("yaml").safe_load((root / "params.yaml").read_text())))["experiments"]))
+        settings = tmp_path / "exp.yaml"
+        settings.write_text(f"{name}:\n  train:\n    lr: -1\n")
+        with pytest.raises(ParamsError, match="exp.yaml") as e:
+            load_and_validate(root / "params.yaml", root / "workflow" / "schemas" / "params.schema.yaml",
+                              settings_path=settings)
+        assert "train.lr" in str(e.value)
+
+    def test_oversized_loops_are_refused_by_import_as_by_load(self, tmp_path, capsys):
+        path = write_hf(tmp_path / "ckpt", {**HF_TINY, "total_ut_steps": LIMITS["n_loops"] + 1},
+                        published_tensors(HF_TINY))
+        one_line_error(capsys, ["ouro-import", path, "--out", tmp_path / "run"], "total_ut_steps")

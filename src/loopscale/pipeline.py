@@ -559,15 +559,18 @@ def load_and_validate(params_path: str | os.PathLike, schema_path: str | os.Path
     experiment. Returns (params, {name: Experiment})."""
     params = load_params(params_path)
     source = str(params_path)
+    touched: set = set()  # experiments the settings file changed: their errors name it too
     if settings_path:
         try:
             settings = read_yaml(settings_path)
         except ConfigError as e:
             raise ParamsError(str(e)) from None
         params = apply_settings(params, settings, str(settings_path))
+        touched = {n for n, b in settings.items() if b} if isinstance(settings, dict) else set()
+    layered = f"{params_path} with {settings_path}" if touched else source
     for k, v in (overrides or {}).items():
         params[k] = v
-    check_schema(params, load_schema(schema_path), source)
+    check_schema(params, load_schema(schema_path), layered)
     _check_names(params, source)
     if params["experiment"] not in params["experiments"]:
         raise ParamsError(f"{source}: experiment: unknown experiment {params['experiment']!r}; "
@@ -577,7 +580,7 @@ def load_and_validate(params_path: str | os.PathLike, schema_path: str | os.Path
         try:
             experiments[name] = build_experiment(params, name)
         except ParamsError as e:
-            raise ParamsError(f"{source}: {e}") from None
+            raise ParamsError(f"{layered if name in touched else source}: {e}") from None
     return params, experiments
 
 

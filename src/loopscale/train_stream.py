@@ -91,6 +91,8 @@ def train_stream(cfg: RunConfig, s: StreamConfig, out_dir: str | Path, *, val_da
 
     if not cfg.train.max_steps:
         raise ConfigError("train.max_steps is required for a streamed run (a stream has no epochs)")
+    if s.min_lr > cfg.train.lr:  # the cosine would climb from lr to min_lr instead of decaying
+        raise ConfigError(f"stream.min_lr ({s.min_lr:g}) must not exceed train.lr ({cfg.train.lr:g})")
     out = Path(out_dir)
     fp = result_fingerprint(cfg, dataclasses.asdict(s))
     stream = {"stream": dataclasses.asdict(s)}
