@@ -40,6 +40,7 @@ from safetensors import safe_open
 from safetensors.torch import save as st_save
 from tokenizers import Tokenizer
 
+from .config import LIMITS as SIZE_LIMITS
 from .config import ModelConfig, RunConfig
 from .io import CheckpointError, atomic_write_bytes, atomic_write_json, atomic_write_text, weights_sha256
 from .model import LoopedLM
@@ -60,8 +61,8 @@ ROLES = {"pad_token": ("<pad>", "[PAD]", "<|pad|>"),
          "unk_token": ("<unk>", "[UNK]", "<|unk|>")}
 # the largest model settings a run directory may declare (far beyond the paper's 1.4B:
 # d2048, 20 layers, K=4); a hostile config.json is refused before anything is allocated
-LIMITS = {"vocab_size": 2**24, "d_model": 2**16, "d_ff": 2**18, "seq_len": 2**20, "n_layers": 4096,
-          "n_heads": 2**16, "n_loops": 10_000}
+# (the model rows of config.LIMITS, the one table of limits)
+LIMITS = {k: SIZE_LIMITS[k] for k in ("vocab_size", "d_model", "d_ff", "seq_len", "n_layers", "n_heads", "n_loops")}
 MAX_HEADER_BYTES = 100 * 2**20  # a safetensors header of a loopscale model is a few kB
 FLOAT_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
 # integer and bool tensors a model may hold as buffers (the alpha readout's EMA step count,
@@ -253,7 +254,9 @@ def export_run(run_dir: str | Path, data_dir: Optional[str | Path] = None) -> li
     if tok.get_vocab_size(with_added_tokens=True) > cfg.model.vocab_size:
         raise CheckpointError(f"{src} has {tok.get_vocab_size(with_added_tokens=True)} ids but the model's "
                               f"embedding only {cfg.model.vocab_size}; give the run's own data directory")
-    write_run_files(run, model, record, text)
+    from .io import run_lock
+    with run_lock(run, "loopscale export"):  # never beside a trainer or another writer of the run
+        write_run_files(run, model, record, text)
     return [RECORD, WEIGHTS, MODELING, HF_CONFIG, *TOKENIZER_FILES]
 
 
@@ -272,6 +275,8 @@ def read_json_file(path: Path, what: str) -> object:
         raise CheckpointError(f"{path} is not UTF-8 text: not the run's {what}") from None
     except json.JSONDecodeError as e:
         raise CheckpointError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}): not the run's {what}") from None
+    except RecursionError:
+        raise CheckpointError(f"{path} is nested too deeply to be the run's {what}") from None
     except OSError as e:
         raise CheckpointError(f"{path} cannot be read ({type(e).__name__}): the run's {what}") from None
 

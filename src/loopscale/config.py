@@ -589,6 +589,35 @@ POSITIVE, NON_NEGATIVE, FRACTION = Range(0, lo_open=True), Range(0), Range(0, 1,
 SEED = Range(0, 2**63 - 1)  # torch and numpy seeds: non-negative, int64
 MAX_THREADS = 1024  # CPU threads any command may ask torch for (100,000 crashes torch's pool)
 THREADS = Range(0, MAX_THREADS)
+
+# The one table of size limits: every reader (a run directory, a Hugging Face Ouro checkpoint,
+# an official checkpoint), every config (RANGES below, so `--set` and the pipeline too) and
+# every command-line size argument is bounded by these, far beyond the paper's largest model
+# (Appendix B's Ouro-1.4B: d 2048, 24 layers, K = 4) and its grids, so a hostile or mistyped
+# value is one line before anything is allocated or run.
+LIMITS: dict[str, int] = {
+    "vocab_size": 2**24, "d_model": 2**16, "d_ff": 2**18, "seq_len": 2**20, "n_layers": 4096,
+    "n_heads": 2**16, "n_loops": 10_000,
+    "batch_size": 2**16,      # sequences per batch of any training or evaluation command
+    "eval_loops": 1024,       # the deepest evaluation: ouro-depth --max-k, eval.lemma_loops
+    "depth_factor": 64,       # eval.depth_factor: extrapolation to depth_factor x K
+    "grid_runs": 2000,        # the runs one experiment of exp.yaml / params.yaml may expand to
+}
+
+
+def bounded(name: str, lo: float = 0, lo_open: bool = True) -> Range:
+    """The Range of a size setting: (lo, LIMITS[name]]."""
+    return Range(lo, LIMITS[name], lo_open=lo_open)
+
+
+def check_arg(flag: str, value, allowed: Range, integer: bool = True) -> None:
+    """A command-line number against its Range (one ConfigError line naming the flag)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value in allowed
+    if integer and ok:
+        ok = float(value).is_integer()
+    if not ok:
+        kind = "an integer" if integer else "a finite number"
+        raise ConfigError(f"{flag} must be {kind} {allowed}, got {value!r}")
 # train settings a finished run's results do not depend on: a finished run is reused when only
 # they change, and runs that differ only in them (and the seed) are seeds of one experiment
 RESULT_FREE = ("threads", "device", "compile", "activation_checkpointing", "ckpt_every", "tensorboard", "wandb")
@@ -597,9 +626,10 @@ SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")  # token ids 0..3 of every
 # The range of every numeric setting, checked by `validate` wherever a config is built (the
 # CLI, `snakemake -n`, `dvc repro`), so a bad value stops before the first job.
 RANGES: dict[str, dict[str, Range]] = {
-    "model": {"vocab_size": POSITIVE, "d_model": POSITIVE, "n_layers": POSITIVE, "n_heads": POSITIVE,
-              "d_ff": POSITIVE, "seq_len": POSITIVE, "n_loops": POSITIVE, "dropout": FRACTION,
-              "norm_eps": POSITIVE, "n_kv_heads": NON_NEGATIVE, "rope_theta": POSITIVE, "alpha_init": Range(0, 1), "alpha_fixed": Range(0, 1), "alpha_min": Range(0, 1),
+    "model": {"vocab_size": bounded("vocab_size"), "d_model": bounded("d_model"), "n_layers": bounded("n_layers"),
+              "n_heads": bounded("n_heads"), "d_ff": bounded("d_ff"), "seq_len": bounded("seq_len"),
+              "n_loops": bounded("n_loops"), "dropout": FRACTION,
+              "norm_eps": POSITIVE, "n_kv_heads": Range(0, LIMITS["n_heads"]), "rope_theta": POSITIVE, "alpha_init": Range(0, 1), "alpha_fixed": Range(0, 1), "alpha_min": Range(0, 1),
               "alpha_max": Range(0, 1), "alpha_ema_decay": Range(0, 1), "alpha_log_s_ref": Range(),
               "taper_ema_decay": Range(0, 1), "taper_warmup_frac": Range(0, 1), "taper_decay_frac": Range(0, 1)},
     "objective": {"penalty_weight": NON_NEGATIVE, "ce_chunk_tokens": POSITIVE, "entropy_weight": NON_NEGATIVE,
@@ -607,13 +637,14 @@ RANGES: dict[str, dict[str, Range]] = {
     "data": {"vocab_size": POSITIVE, "min_frequency": Range(1), "validation_fraction": Range(0, 1, True, True),
              "test_fraction": FRACTION, "split_seed": SEED, "max_documents": NON_NEGATIVE,
              "heldout_documents": NON_NEGATIVE, "min_chars": NON_NEGATIVE},
-    "train": {"batch_size": POSITIVE, "grad_accum": POSITIVE, "lr": POSITIVE, "weight_decay": NON_NEGATIVE,
+    "train": {"batch_size": bounded("batch_size"), "grad_accum": POSITIVE, "lr": POSITIVE, "weight_decay": NON_NEGATIVE,
               "grad_clip": POSITIVE,
               "epochs": POSITIVE, "max_steps": POSITIVE, "stride": POSITIVE, "seed": SEED, "log_every": POSITIVE,
               "ckpt_every": POSITIVE, "eval_every": NON_NEGATIVE, "eval_tokens": NON_NEGATIVE,
-              "eval_batch_size": POSITIVE, "threads": THREADS},
-    "eval": {"batch_size": POSITIVE, "max_tokens": NON_NEGATIVE, "depth_factor": Range(1),
-             "norm_tokens": POSITIVE, "radial_tokens": POSITIVE, "lemma_loops": Range(2),
+              "eval_batch_size": bounded("batch_size"), "threads": THREADS},
+    "eval": {"batch_size": bounded("batch_size"), "max_tokens": NON_NEGATIVE,
+             "depth_factor": bounded("depth_factor", 1, False), "norm_tokens": POSITIVE, "radial_tokens": POSITIVE,
+             "lemma_loops": bounded("eval_loops", 2, False),
              "lemma_tokens": POSITIVE, "clamp_tokens": POSITIVE, "halting_tokens": POSITIVE,
              "halting_epsilon": NON_NEGATIVE, "throughput_batches": POSITIVE,
              "throughput_warmup": NON_NEGATIVE, "scale_tokens": POSITIVE},

@@ -47,8 +47,9 @@ path stored in it is never opened.
 
 The run directory gets model.pt (what `loopscale eval` reads), model.safetensors,
 config.json (with a `converted_from` record) and the tokenizer files (artifacts.py). An
-existing run is refused unless --force (which replaces it); the run lock (RUN/.lock) is held
-while writing.
+existing run is refused unless --force, which writes the new run beside it and swaps it in
+(a failure, a full disk, leaves the old run as it was); the run lock (RUN/.lock) is held
+while writing (io.write_run).
 """
 from __future__ import annotations
 
@@ -57,7 +58,6 @@ import json
 import math
 import os
 import re
-import shutil
 import zipfile
 from pathlib import Path
 from typing import Any, Optional
@@ -68,7 +68,7 @@ from tokenizers import Tokenizer
 from .artifacts import write_run_files
 from .data import _file_sha256  # streamed: never the whole checkpoint in memory
 from .config import ConfigError, RunConfig, merge, parse_overrides
-from .io import CheckpointError, atomic_torch_save, run_environment, run_lock
+from .io import CheckpointError, atomic_torch_save, run_environment, write_run
 from .model import LoopedLM
 
 MAX_CHECKPOINT_BYTES = 16 * 2**30  # what a checkpoint file may hold, inflated (a zip bomb stops here)
@@ -299,7 +299,8 @@ def convert_state(state: dict, cfg: RunConfig | dict) -> tuple[dict, list[str]]:
     if isinstance(cfg, dict):
         cfg = RunConfig.from_dict(merge(RunConfig().to_dict(), {"model": cfg, "data": {"vocab_size": cfg["vocab_size"]}}))
     state = _strip(state)
-    target = LoopedLM(cfg.model).state_dict()
+    with torch.device("meta"):  # shapes and dtypes only: nothing is allocated before the cross-check
+        target = LoopedLM(cfg.model).state_dict()
     names = _official_names(cfg, target.keys())
     out, used = {}, set()
     for ours, want in target.items():
@@ -321,6 +322,9 @@ def convert_state(state: dict, cfg: RunConfig | dict) -> tuple[dict, list[str]]:
             raise ConversionError(f"model_state's {parts[0]} has shape {tuple(t.shape)}, the config implies "
                                   f"{tuple(want.shape)}")
         out[ours] = t.to(want.dtype).clone()
+        if out[ours].is_floating_point() and not bool(torch.isfinite(out[ours]).all()):  # 1e300 in float64
+            raise ConversionError(f"model_state's {parts[0]} overflows {str(want.dtype).removeprefix('torch.')} "
+                                  f"(values beyond its range become inf)")
         if ours.endswith("alpha_value") and abs(float(out[ours]) - float(cfg.model.alpha_fixed)) > 1e-6:
             raise ConversionError(f"paper config: alpha_readout.fixed_alpha={cfg.model.alpha_fixed} disagrees with "
                                   f"the weights ({parts[0]} = {float(out[ours]):g})")
@@ -473,27 +477,6 @@ def _load_paper_checkpoint(path: Path, trust_pickle: bool) -> dict:
     return ckpt
 
 
-# ---------------------------------------------------------------------------
-# the run directory
-# ---------------------------------------------------------------------------
-def _prepare_out(out: Path, force: bool) -> None:
-    """Refuse an existing run unless `force`; with it, empty the run (called under the lock)."""
-    entries = [p for p in out.iterdir() if p.name != ".lock"]
-    if not entries:
-        return
-    if not force:
-        raise ConversionError(f"{out} already holds a run ({', '.join(sorted(p.name for p in entries)[:4])}); "
-                              f"choose another --out or pass --force to replace it")
-    if not any((out / n).exists() for n in ("model.pt", "config.json", "loopscale.json", "summary.json",
-                                             "model.safetensors")):
-        raise ConversionError(f"{out} is not empty and not a loopscale run; --force replaces runs only")
-    for p in entries:  # every file of the old run: no old summary or eval beside the new weights
-        if p.is_dir() and not p.is_symlink():
-            shutil.rmtree(p)
-        else:
-            p.unlink()
-
-
 def load_official(checkpoint: str | Path, overrides: Optional[list[str]] = None,
                   trust_pickle: bool = False) -> tuple[LoopedLM, RunConfig, dict, list[str]]:
     """An official `last.pt` as a loopscale model in memory (fp32, eval mode): (model, run
@@ -540,12 +523,7 @@ def convert_paper(checkpoint: str | Path, out_dir: str | Path, tokenizer_file: O
         raise ConversionError(f"the checkpoint's config cannot be recorded ({type(e).__name__})") from None
     record = {"checkpoint": str(src.resolve()), "sha256": _file_sha256(src), "official_config": official_config,
               "settings": {"model": dict(model_set), "objective": dict(objective_set)}, "dropped": dropped}
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise ConversionError(f"--out {out} is a file or lies under one; choose another --out") from None
-    with run_lock(out, "loopscale convert-paper"):
-        _prepare_out(out, force)
+    with write_run(out_dir, "loopscale convert-paper", force) as out:  # locked; --force swaps in a whole run
         atomic_torch_save(out / "model.pt", {"model": model.state_dict(), "config": cfg.to_dict(),
                                              "step": step if isinstance(step, int) and not isinstance(step, bool)
                                              else None, "status": "completed"})

@@ -90,9 +90,15 @@ def load_tokenizer(spec: str):
     if p.is_dir():
         if not (p / "tokenizer.json").is_file():
             raise FileNotFoundError(f"tokenizer directory {p} has no tokenizer.json")
-        return Tokenizer.from_file(str(p / "tokenizer.json"))
+        p = p / "tokenizer.json"
     if p.is_file():
-        return Tokenizer.from_file(str(p))
+        try:
+            return Tokenizer.from_str(p.read_bytes().decode("utf-8"))
+        except Exception as e:  # not UTF-8, not JSON, not a tokenizers schema (plain Exceptions)
+            if isinstance(e, OSError):
+                raise
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
+            raise ConfigError(f"tokenizer {p} is not a tokenizers JSON file ({first})") from None
     try:
         return Tokenizer.from_pretrained(spec)
     except Exception as e:
@@ -106,8 +112,28 @@ def _raw_documents(s: StreamConfig):
         missing = [f for f in s.data_files if not Path(f).is_file()]
         if missing:
             raise FileNotFoundError(f"stream.data_files: {missing[0]} not found")
+        for f in s.data_files:
+            check_parquet(f, s.text_key)
         return load_dataset("parquet", data_files=list(s.data_files), split="train", streaming=True)
     return load_dataset(s.dataset, name=s.subset or None, split=s.split, streaming=True)
+
+
+def check_parquet(path: str | Path, key: str) -> None:
+    """A data file of the stream must be parquet with a string column `key` (an empty, truncated
+    or CSV file, or a column of numbers or lists, is one ConfigError line naming the file)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    try:
+        schema = pq.ParquetFile(str(path)).schema_arrow
+    except (pa.ArrowException, OSError, ValueError) as e:
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
+        raise ConfigError(f"stream.data_files: {path} is not a readable parquet file ({first})") from None
+    if key not in schema.names:
+        raise ConfigError(f"stream.data_files: {path} has no column {key!r} (stream.text_key); it has "
+                          f"{', '.join(schema.names[:6]) or 'none'}")
+    kind = schema.field(key).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind)):
+        raise ConfigError(f"stream.data_files: {path}'s column {key!r} holds {kind}, not text")
 
 
 def head_documents(s: StreamConfig, n: int) -> list[str]:

@@ -144,6 +144,76 @@ def run_lock(directory: str | os.PathLike, what: str):
         lock.close()
 
 
+# the files that make a directory a loopscale run (what `write_run --force` may replace)
+RUN_MARKERS = ("model.pt", "config.json", "loopscale.json", "summary.json", "model.safetensors")
+
+
+@contextlib.contextmanager
+def write_run(directory: str | os.PathLike, what: str, force: bool = False):
+    """The run directory a command writes a whole run into (`convert-paper`, `ouro-import`),
+    locked for the duration (`run_lock`: a trainer or another writer on it is refused with one
+    line). Yields the directory to write into:
+
+      an empty or new directory     itself;
+      a run, without `force`        refused (CheckpointError), nothing touched;
+      a run, with `force`           a new sibling directory; when the block ends without an
+                                    error it takes the run's place in one rename (the old run is
+                                    then deleted), and on an error (a full disk, a kill) it is
+                                    removed and the old run stays as it was, never a mix."""
+    import shutil
+    out = Path(directory)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise CheckpointError(f"--out {out} is a file or lies under one; choose another --out") from None
+    with run_lock(out, what):
+        entries = sorted(p.name for p in out.iterdir() if p.name != ".lock")
+        if not entries:
+            yield out
+            return
+        if not force:
+            raise CheckpointError(f"{out} already holds a run ({', '.join(entries[:4])}); choose another --out "
+                                  f"or pass --force to replace it")
+        if not any((out / n).exists() for n in RUN_MARKERS):
+            raise CheckpointError(f"{out} is not empty and not a loopscale run; --force replaces runs only")
+        for old in out.parent.glob(f".{out.name}.new-*"):  # what a killed replacement left
+            if old.is_dir() and not old.is_symlink():
+                shutil.rmtree(old, ignore_errors=True)
+        stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.new-", dir=out.parent))
+        try:
+            os.chmod(stage, out.stat().st_mode & 0o7777)
+            yield stage
+            swap_directories(stage, out)  # stage now holds the old run
+        except BaseException:
+            shutil.rmtree(stage, ignore_errors=True)
+            raise
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def swap_directories(a: Path, b: Path) -> None:
+    """Exchange two directories' names: atomically where the system can (Linux renameat2
+    RENAME_EXCHANGE), else by two renames, undoing the first when the second fails."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = getattr(libc, "renameat2", None)
+        if fn is not None:
+            at_fdcwd, rename_exchange = -100, 2
+            if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+                return
+            err = ctypes.get_errno()
+            if err not in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP):
+                raise OSError(err, os.strerror(err), str(b))
+    aside = a.with_name(a.name + ".old")
+    os.rename(b, aside)
+    try:
+        os.rename(a, b)
+    except BaseException:
+        os.rename(aside, b)
+        raise
+    os.rename(aside, a)
+
+
 def atomic_write_bytes(path, data: bytes) -> Path:
     return atomic_write(path, lambda f: f.write(data))
 

@@ -44,7 +44,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
-from .config import ConfigError, ModelConfig, RunConfig, preset_dict
+from .config import LIMITS, ConfigError, ModelConfig, RunConfig, preset_dict
 from .io import CheckpointError
 from .readouts import AlphaReadout
 from .registry import GATED_LOSSES, readout_spec
@@ -294,35 +294,76 @@ def is_hf_checkpoint(path: str | Path) -> bool:
         return False
     try:
         return json.loads(cfg.read_text()).get("model_type") == "ouro"
-    except (ValueError, OSError, AttributeError):  # not JSON, not UTF-8, not a mapping: not an Ouro config
+    except (ValueError, OSError, AttributeError, RecursionError):  # not JSON, not UTF-8, not a mapping, too deep
         return False
 
 
-def config_from_hf(hf: dict, seq_len: int = 2048, readout: str = "rmsnorm") -> RunConfig:
-    """The RunConfig of a published Ouro config.json (what it cannot express is refused)."""
-    def need(key):
-        if key not in hf:
+_REQUIRED = object()
+# config.json keys of an Ouro checkpoint that are sizes, and the row of config.LIMITS bounding each
+_HF_SIZES = {"hidden_size": "d_model", "num_attention_heads": "n_heads", "num_key_value_heads": "n_heads",
+             "head_dim": "d_model", "intermediate_size": "d_ff", "vocab_size": "vocab_size",
+             "num_hidden_layers": "n_layers", "total_ut_steps": "n_loops"}
+
+
+def _hf_int(hf: dict, key: str, default=_REQUIRED) -> int:
+    """A size of config.json: a whole number in [1, config.LIMITS[...]] (a string, a bool, 32.7
+    or 2^31 is one CheckpointError line, before anything is allocated)."""
+    v = hf.get(key)
+    if v is None:
+        if default is _REQUIRED:
             raise CheckpointError(f"config.json has no {key!r}: not an Ouro config")
-        return hf[key]
-    d, heads = int(need("hidden_size")), int(need("num_attention_heads"))
-    if int(hf.get("head_dim") or d // heads) * heads != d:
+        return default
+    hi = LIMITS[_HF_SIZES[key]]
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not float(v).is_integer() \
+            or not 1 <= v <= hi:
+        raise CheckpointError(f"config.json: {key} must be a whole number in [1, {hi}], got {v!r}")
+    return int(v)
+
+
+def _hf_float(hf: dict, key: str, default: float) -> float:
+    v = hf.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
+        raise CheckpointError(f"config.json: {key} must be a positive number, got {v!r}")
+    return float(v)
+
+
+def config_from_hf(hf: dict, seq_len: int = 2048, readout: str = "rmsnorm") -> RunConfig:
+    """The RunConfig of a published Ouro config.json (what it cannot express is refused; a
+    wrong-typed or out-of-range value is one CheckpointError line)."""
+    if not isinstance(hf, dict):
+        raise CheckpointError("config.json must hold a JSON object")
+    d, heads = _hf_int(hf, "hidden_size"), _hf_int(hf, "num_attention_heads")
+    if _hf_int(hf, "head_dim", d // heads or 1) * heads != d:
         raise CheckpointError(f"config.json: head_dim {hf['head_dim']} x {heads} heads != hidden_size {d} "
                               f"(not supported)")
     if hf.get("hidden_act", "silu") != "silu":
         raise CheckpointError(f"config.json: hidden_act {hf['hidden_act']!r} is not supported (only silu)")
     rope_cfg = hf.get("rope_scaling") or {}
-    rope_type = rope_cfg.get("rope_type", rope_cfg.get("type", "default")) if isinstance(rope_cfg, dict) else "?"
-    if rope_type not in ("default",) and not (rope_type == "linear" and float(rope_cfg.get("factor", 1)) == 1.0):
+    if not isinstance(rope_cfg, dict):
+        raise CheckpointError(f"config.json: rope_scaling must be an object or null, got {rope_cfg!r}")
+    rope_type = rope_cfg.get("rope_type", rope_cfg.get("type", "default"))
+    factor = rope_cfg.get("factor", 1)
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)):
+        raise CheckpointError(f"config.json: rope_scaling.factor must be a number, got {factor!r}")
+    if rope_type not in ("default",) and not (rope_type == "linear" and float(factor) == 1.0):
         raise CheckpointError(f"config.json: rope_scaling {rope_cfg!r} is not supported (only plain RoPE)")
-    theta = hf.get("rope_theta", (hf.get("rope_parameters") or {}).get("rope_theta", 10000.0))
-    if hf.get("use_sliding_window") or any(t != "full_attention" for t in hf.get("layer_types") or []):
+    params = hf.get("rope_parameters") or {}
+    if not isinstance(params, dict):
+        raise CheckpointError(f"config.json: rope_parameters must be an object, got {params!r}")
+    theta = _hf_float(hf, "rope_theta", _hf_float(params, "rope_theta", 10000.0))
+    layer_types = hf.get("layer_types") or []
+    if not isinstance(layer_types, list) or not all(isinstance(t, str) for t in layer_types):
+        raise CheckpointError(f"config.json: layer_types must be a list of names, got {layer_types!r}"[:200])
+    if hf.get("use_sliding_window") or any(t != "full_attention" for t in layer_types):
         raise CheckpointError("config.json: sliding-window attention is not supported")
-    vocab = int(need("vocab_size"))
+    vocab = _hf_int(hf, "vocab_size")
     base = preset_dict("ouro-1.4b")
-    base["model"].update(vocab_size=vocab, d_model=d, n_layers=int(need("num_hidden_layers")), n_heads=heads,
-                         n_kv_heads=int(hf.get("num_key_value_heads") or heads), d_ff=int(need("intermediate_size")),
-                         seq_len=int(seq_len), n_loops=int(hf.get("total_ut_steps", 4)),
-                         norm_eps=float(hf.get("rms_norm_eps", 1e-6)), rope_theta=float(theta), readout=readout,
+    base["model"].update(vocab_size=vocab, d_model=d, n_layers=_hf_int(hf, "num_hidden_layers"), n_heads=heads,
+                         n_kv_heads=_hf_int(hf, "num_key_value_heads", heads), d_ff=_hf_int(hf, "intermediate_size"),
+                         seq_len=int(seq_len), n_loops=_hf_int(hf, "total_ut_steps", 4),
+                         norm_eps=_hf_float(hf, "rms_norm_eps", 1e-6), rope_theta=theta, readout=readout,
                          dropout=0.0)
     # the data section only describes the vocabulary (the checkpoint's tokenizer is tokenizer.json)
     base["data"].update(vocab_size=min(vocab, 65535), tokenizer="bpe" if vocab >= 260 else "word",
@@ -333,29 +374,62 @@ def config_from_hf(hf: dict, seq_len: int = 2048, readout: str = "rmsnorm") -> R
         raise CheckpointError(f"config.json: {e}") from None
 
 
-def read_hf_state(path: str | Path) -> dict[str, torch.Tensor]:
-    """Every tensor of model.safetensors, or of the shards an index json names."""
-    from safetensors.torch import load_file
+def hf_weight_files(path: str | Path) -> list[Path]:
+    """The safetensors files of a Hugging Face checkpoint directory: model.safetensors, or the
+    shards its index json names, each a plain relative name inside the directory (an absolute
+    path or one through `..` is refused: a checkpoint never reads files outside itself)."""
+    from .artifacts import read_json_file
     run = Path(path)
     index = run / HF_INDEX
     if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text())["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise CheckpointError(f"{index} is not a safetensors index ({type(e).__name__})") from None
-        files = sorted(set(weight_map.values()))
-    elif (run / "model.safetensors").is_file():
-        files = ["model.safetensors"]
-    else:
-        raise CheckpointError(f"{run} has neither model.safetensors nor {HF_INDEX}")
+        doc = read_json_file(index, "safetensors index")
+        weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map or \
+                not all(isinstance(k, str) and isinstance(v, str) and v for k, v in weight_map.items()):
+            raise CheckpointError(f"{index} is not a safetensors index (a weight_map of tensor names to file names)")
+        files = []
+        for f in sorted(set(weight_map.values())):
+            rel = Path(f)
+            if rel.is_absolute() or ".." in rel.parts or f.startswith(("/", "\\")) or ":" in rel.parts[0]:
+                raise CheckpointError(f"{index} names the shard {f!r}, outside the checkpoint directory {run}")
+            files.append(run / rel)
+        return files
+    if (run / "model.safetensors").is_file():
+        return [run / "model.safetensors"]
+    raise CheckpointError(f"{run} has neither model.safetensors nor {HF_INDEX}")
+
+
+def hf_headers(path: str | Path) -> dict[str, tuple[Path, dict]]:
+    """{tensor name: (its file, its header entry)} of every weight file, read without the
+    tensors; a tensor that two files hold is refused (which one counts would be arbitrary)."""
+    from .artifacts import read_safetensors_header
+    out: dict[str, tuple[Path, dict]] = {}
+    for f in hf_weight_files(path):
+        if not f.is_file():
+            raise CheckpointError(f"{f} (named by {HF_INDEX}) is missing")
+        for k, info in read_safetensors_header(f).items():
+            if k == "__metadata__":
+                continue
+            if k in out:
+                raise CheckpointError(f"{k} is held twice, by {out[k][0].name} and {f.name}: "
+                                      f"an ambiguous checkpoint (each tensor must be in one file)")
+            out[k] = (f, info)
+    return out
+
+
+def read_hf_state(path: str | Path) -> dict[str, torch.Tensor]:
+    """Every tensor of model.safetensors, or of the shards an index json names (confined to the
+    directory, each tensor in one file)."""
+    from safetensors import safe_open
     state = {}
-    for f in files:
+    headers = hf_headers(path)
+    for f in sorted({f for f, _ in headers.values()}):
         try:
-            state.update(load_file(str(run / f)))
-        except FileNotFoundError:
-            raise CheckpointError(f"{run / f} (named by {HF_INDEX}) is missing") from None
+            with safe_open(str(f), framework="pt") as h:
+                for k in h.keys():
+                    state[k] = h.get_tensor(k)
         except Exception as e:
-            raise CheckpointError(f"{run / f} is truncated or corrupted ({type(e).__name__})") from None
+            raise CheckpointError(f"{f} is truncated or corrupted ({type(e).__name__})") from None
     return state
 
 
@@ -378,9 +452,24 @@ def load_state(model: OuroLM, state: dict[str, torch.Tensor], where: str, tied: 
         what = f"misses {missing[0]}" if missing else f"has {extra[0]}, unknown to model.readout={model.cfg.readout}"
         raise CheckpointError(f"{where} {what} ({len(missing)} missing, {len(extra)} unexpected tensors)")
     for k, v in state.items():
-        if tuple(v.shape) != tuple(own[k].shape):
-            raise CheckpointError(f"{where}: {k} has shape {tuple(v.shape)}, the config needs {tuple(own[k].shape)}")
+        check_tensor(k, tuple(v.shape), v.dtype, own[k], where)
+        if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+            raise CheckpointError(f"{where}: {k} holds non-finite values (NaN or inf): corrupted weights")
     model.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
+
+
+def check_tensor(k: str, shape: tuple, dtype: torch.dtype, own: torch.Tensor, where: str) -> None:
+    """A checkpoint tensor against the model's own: the same shape, and a float tensor where the
+    model holds a float one (a bool or integer weight would be cast silently), an integer
+    buffer of the model's dtype otherwise."""
+    if tuple(shape) != tuple(own.shape):
+        raise CheckpointError(f"{where}: {k} has shape {tuple(shape)}, the config needs {tuple(own.shape)}")
+    if own.dtype.is_floating_point and not dtype.is_floating_point:
+        raise CheckpointError(f"{where}: {k} is {str(dtype).removeprefix('torch.')}, not a float tensor "
+                              f"(a weight must be float)")
+    if not own.dtype.is_floating_point and dtype != own.dtype:
+        raise CheckpointError(f"{where}: {k} is {str(dtype).removeprefix('torch.')}, but the model holds it "
+                              f"as {str(own.dtype).removeprefix('torch.')}")
 
 
 def _official_name(k: str) -> str:
@@ -401,20 +490,38 @@ def from_pretrained(path: str | Path, *, seq_len: int = 2048, n_loops: Optional[
     run = Path(path)
     if not run.is_dir():
         raise CheckpointError(f"checkpoint directory {run} not found")
-    try:
-        hf = json.loads((run / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise CheckpointError(f"{run / 'config.json'} is missing or unreadable ({type(e).__name__})") from None
+    from .artifacts import FLOAT_DTYPES, INT_DTYPES, read_json_file
+    if not (run / "config.json").is_file():
+        raise CheckpointError(f"{run / 'config.json'} is missing")
+    hf = read_json_file(run / "config.json", "Ouro config")
     if not isinstance(hf, dict) or hf.get("model_type") != "ouro":
         raise CheckpointError(f"{run / 'config.json'}: model_type is {hf.get('model_type') if isinstance(hf, dict) else None!r}, "
                               f"not 'ouro'")
     cfg = config_from_hf(hf, seq_len=seq_len)
     if n_loops is not None:
+        if isinstance(n_loops, bool) or not isinstance(n_loops, int) or not 1 <= n_loops <= LIMITS["n_loops"]:
+            raise CheckpointError(f"n_loops must be an integer in [1, {LIMITS['n_loops']}], got {n_loops!r}")
         cfg.model.n_loops = int(n_loops)
+    tied = bool(hf.get("tie_word_embeddings", False))
     with torch.device("meta"):
         model = OuroLM(cfg.model)
+    # every tensor's name, shape and dtype from the files' headers before anything is allocated
+    dtypes = {**FLOAT_DTYPES, **INT_DTYPES}
+    meta_state = {_official_name(k): (tuple(info["shape"]), dtypes[info["dtype"]])
+                  for k, (_, info) in hf_headers(run).items() if not k.startswith(_UNUSED)}
+    own = model.state_dict()
+    if tied and "lm_head.weight" not in meta_state and "model.embed_tokens.weight" in meta_state:
+        meta_state["lm_head.weight"] = meta_state["model.embed_tokens.weight"]
+    for k, (shape, dtype) in meta_state.items():
+        if k in own:
+            check_tensor(k, shape, dtype, own[k], str(run))
+    missing, extra = sorted(set(own) - set(meta_state)), sorted(set(meta_state) - set(own))
+    missing = [k for k in missing if not k.endswith(".ema_count")]
+    if missing or extra:
+        what = f"misses {missing[0]}" if missing else f"has {extra[0]}, unknown to model.readout={cfg.model.readout}"
+        raise CheckpointError(f"{run} {what} ({len(missing)} missing, {len(extra)} unexpected tensors)")
     model = model.to_empty(device="cpu")
-    load_state(model, read_hf_state(run), str(run), tied=bool(hf.get("tie_word_embeddings", False)))
+    load_state(model, read_hf_state(run), str(run), tied=tied)
     return model.to(device=device, dtype=dtype).eval(), cfg
 
 

@@ -43,28 +43,89 @@ def open_model(path: str | Path, device: str = "cpu"):
     return model, cfg
 
 
-def import_hf(path: str | Path, out_dir: str | Path, seq_len: int = 2048) -> Path:
-    """A Hugging Face Ouro checkpoint as a loopscale run directory (model.pt, model.safetensors,
-    config.json, summary.json and its tokenizer files), so every `loopscale eval` diagnostic,
-    `loopscale generate` and the lm-eval model type read it like a trained run."""
-    import shutil
+def import_hf(path: str | Path, out_dir: str | Path, seq_len: int = 2048, force: bool = False) -> Path:
+    """A Hugging Face Ouro checkpoint as a loopscale run directory (model.pt, the artifact files of
+    `artifacts.write_run_files`: loopscale.json, model.safetensors, config.json and the tokenizer
+    files, and summary.json), so every `loopscale eval` diagnostic, `loopscale generate` and the
+    lm-eval model type read it like a trained run. The run records its tokenizer's hash, which
+    every evaluation checks its data against. Written under the run lock (`io.write_run`): a
+    run already there is refused unless `force`, which swaps the whole new run in."""
+    import hashlib
 
-    from .artifacts import save_weights
-    from .io import atomic_torch_save, atomic_write_json, run_environment, weights_sha256
-    model, cfg = from_pretrained(path, seq_len=seq_len)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    from .artifacts import parse_tokenizer, write_run_files
+    from .io import atomic_torch_save, atomic_write_json, run_environment, weights_sha256, write_run
+    model, cfg = from_pretrained(path, seq_len=seq_len)  # every check before the run directory is touched
+    tok_json, data = None, {}
+    tok_path = Path(path) / "tokenizer.json"
+    if tok_path.is_file():  # stored as loopscale stores a tokenizer, so its hash is the data's
+        tok = parse_tokenizer(tok_path.read_bytes(), tok_path)
+        tok_json = tok.to_str(pretty=True).encode("utf-8")
+        if tok.get_vocab_size(with_added_tokens=True) > cfg.model.vocab_size:
+            from .io import CheckpointError
+            raise CheckpointError(f"{tok_path} has {tok.get_vocab_size(with_added_tokens=True)} ids but the model "
+                                  f"embeds only {cfg.model.vocab_size}: not this checkpoint's tokenizer")
+        data = {"vocab_size": tok.get_vocab_size(with_added_tokens=True),
+                "tokenizer_sha256": hashlib.sha256(tok_json).hexdigest()}
     state = model.state_dict()
     source = {"imported_from": str(Path(path).resolve()), "format": "huggingface ouro"}
-    atomic_torch_save(out / "model.pt", {"config": cfg.to_dict(), "model": state, "weights_sha256": weights_sha256(state),
-                                         "step": 0, "status": "completed", "source": source})
-    save_weights(out / "model.safetensors", model)
-    atomic_write_json(out / "config.json", {"config": cfg.to_dict(), "env": run_environment("cpu"), "source": source})
-    atomic_write_json(out / "summary.json", {"status": "completed", "steps": 0, "params": model.num_params(), **source})
-    for f in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
-        if (Path(path) / f).is_file():
-            shutil.copyfile(Path(path) / f, out / f)
-    return out
+    with write_run(out_dir, "loopscale ouro-import", force) as out:
+        atomic_torch_save(out / "model.pt", {"config": cfg.to_dict(), "model": state, "data": data,
+                                             "weights_sha256": weights_sha256(state), "step": 0,
+                                             "status": "completed", "source": source})
+        write_run_files(out, model, {"config": cfg.to_dict(), "arch": "ouro", "env": run_environment("cpu"),
+                                     "data": data, "source": source}, tok_json)
+        atomic_write_json(out / "summary.json", {"status": "completed", "steps": 0, "params": model.num_params(),
+                                                 **source})
+    return Path(out_dir)
+
+
+def model_tokenizer_sha256(path: str | Path) -> Optional[str]:
+    """The sha256 of the tokenizer a model was trained with, as prepared data records it
+    (`data.prepare_data`: the tokenizer's `to_str(pretty=True)`), or None where the model
+    records none: a Hugging Face directory's tokenizer.json, else a run's loopscale.json (or
+    older config.json), else its model.pt's data record."""
+    import hashlib
+    p = Path(path)
+    run = p if p.is_dir() else p.parent
+    if p.is_dir() and is_hf_checkpoint(p):
+        if not (p / "tokenizer.json").is_file():
+            return None
+        from .artifacts import parse_tokenizer
+        tok = parse_tokenizer((p / "tokenizer.json").read_bytes(), p / "tokenizer.json")
+        return hashlib.sha256(tok.to_str(pretty=True).encode("utf-8")).hexdigest()
+    for name in ("loopscale.json", "config.json"):
+        try:
+            rec = json.loads((run / name).read_text())
+            h = (rec.get("data") or {}).get("tokenizer_sha256")
+        except (OSError, ValueError, AttributeError, RecursionError):
+            continue
+        if isinstance(h, str) and h:
+            return h
+    pt = p if p.is_file() else run / "model.pt"
+    if pt.is_file():
+        try:
+            ck = torch.load(pt, map_location="cpu", weights_only=True, mmap=True)
+            h = (ck.get("data") or {}).get("tokenizer_sha256")
+            return h if isinstance(h, str) and h else None
+        except Exception:
+            return None
+    return None
+
+
+def check_data_tokenizer(model_path: str | Path, data_dir: str | Path, model_vocab: int) -> None:
+    """Refuse a data directory tokenised with another tokenizer than the model's (one line):
+    the recorded hashes where the model has one, the vocabulary size always."""
+    from . import data as D
+    from .io import CheckpointError
+    meta = D.load_meta(data_dir)
+    want, have = model_tokenizer_sha256(model_path), meta.get("tokenizer_sha256")
+    if want and have and want != have:
+        raise CheckpointError(f"{data_dir} was tokenised with another tokenizer than {model_path} "
+                              f"(tokenizer_sha256 {have[:12]} vs {want[:12]}): prepare the data with the model's "
+                              f"tokenizer (loopscale prepare-data --tokenizer MODEL/tokenizer.json)")
+    if isinstance(meta.get("vocab_size"), int) and meta["vocab_size"] > model_vocab:
+        raise CheckpointError(f"{data_dir} uses {meta['vocab_size']} token ids but {model_path} embeds only "
+                              f"{model_vocab}: prepare the data with the model's tokenizer")
 
 
 def eval_windows(data_dir: str | Path, seq_len: int, max_windows: int, split: str = "validation") -> torch.Tensor:
@@ -90,9 +151,23 @@ def run_status(path: str | Path) -> str:
         return "completed"
 
 
+def check_eval_args(args, what: str) -> None:
+    """ouro-depth / ouro-scale arguments against config.LIMITS, before a model is read."""
+    from .config import LIMITS, NON_NEGATIVE, Range, bounded, check_arg
+    check_arg("--batch-size", args.batch_size, bounded("batch_size"))
+    check_arg("--windows", args.windows, NON_NEGATIVE)
+    check_arg("--seq-len", args.seq_len, Range(0, LIMITS["seq_len"]))
+    if what == "depth":
+        check_arg("--max-k", args.max_k, bounded("eval_loops"))
+    else:
+        for c in args.scales:
+            check_arg("--scales", c, Range(), integer=False)
+
+
 def _cmd(args, what: str) -> int:
     from .io import atomic_write_json
     from .runtime import resolve_device
+    check_eval_args(args, what)
     status = run_status(args.model)
     if status != "completed":  # a failed or diverged run: a result that says so (the grid completes)
         result = {"evaluation": f"ouro-{what}", "model": str(args.model), "data": str(args.data),
@@ -103,6 +178,7 @@ def _cmd(args, what: str) -> int:
         return 0
     device = resolve_device(args.device)
     model, cfg = open_model(args.model, device=str(device))
+    check_data_tokenizer(args.model, args.data, cfg.model.vocab_size)
     seq = args.seq_len or cfg.model.seq_len
     windows = eval_windows(args.data, seq, args.windows, args.split)
     if what == "depth":
@@ -209,7 +285,7 @@ def cmd_downstream(args) -> int:
 
 
 def cmd_import(args) -> int:
-    out = import_hf(args.checkpoint, args.out, seq_len=args.seq_len)
+    out = import_hf(args.checkpoint, args.out, seq_len=args.seq_len, force=args.force)
     print(f"wrote the run directory {out} (loopscale eval ... --model {out / 'model.pt'})")
     return 0
 
@@ -233,6 +309,8 @@ def add_cli(subparsers) -> None:
     p.add_argument("checkpoint", help="the downloaded checkpoint directory (config.json, *.safetensors)")
     p.add_argument("--out", required=True, help="the run directory to write")
     p.add_argument("--seq-len", type=int, default=2048, help="evaluation window length (default 2048)")
+    p.add_argument("--force", action="store_true", help="replace the run in --out (the new run is written beside "
+                                                        "it and swapped in whole)")
     p.set_defaults(func=cmd_import)
     for name, what, help_ in (("ouro-depth", "depth", "CE/PPL at depth K = 1..max-k, the final readout on step K "
                                                       "(Appendix B's variable-depth table)"),

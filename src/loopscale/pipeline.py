@@ -45,7 +45,7 @@ from typing import Any, Iterable, Optional
 import yaml
 
 from . import registry
-from .config import EVAL_PRESETS, MODEL_PRESETS, ConfigError, EvalConfig, RunConfig, merge, read_yaml
+from .config import EVAL_PRESETS, LIMITS, MODEL_PRESETS, ConfigError, EvalConfig, RunConfig, merge, read_yaml
 from .io import atomic_write_bytes, atomic_write_text
 from .registry import AXES, AXIS_DEFAULTS, Condition, axis_values
 
@@ -431,6 +431,11 @@ def build_experiment(params: dict, name: str) -> Experiment:
             if not size_conditions:
                 raise ParamsError(f"{swhere}.conditions: no conditions")
         size_seeds = list(spec.get("seeds", seeds))
+        planned = len(runs) + len(size_conditions) * len(size_seeds)
+        if planned > LIMITS["grid_runs"]:  # before any run is built (and before Snakemake writes a run directory)
+            raise ParamsError(f"{where}: {planned:,} runs (sizes x conditions x seeds) or more, beyond the "
+                              f"{LIMITS['grid_runs']:,} one experiment may plan (config.LIMITS['grid_runs']); "
+                              f"split it into several experiments")
         for cs in size_conditions:
             c = cs.condition
             cond_train, cond_eval = _split_eval(cs.override_dict)
@@ -564,15 +569,18 @@ def load_and_validate(params_path: str | os.PathLike, schema_path: str | os.Path
     experiment. Returns (params, {name: Experiment})."""
     params = load_params(params_path)
     source = str(params_path)
+    touched: set = set()  # experiments the settings file changed: their errors name it too
     if settings_path:
         try:
             settings = read_yaml(settings_path)
         except ConfigError as e:
             raise ParamsError(str(e)) from None
         params = apply_settings(params, settings, str(settings_path))
+        touched = {n for n, b in settings.items() if b} if isinstance(settings, dict) else set()
+    layered = f"{params_path} with {settings_path}" if touched else source
     for k, v in (overrides or {}).items():
         params[k] = v
-    check_schema(params, load_schema(schema_path), source)
+    check_schema(params, load_schema(schema_path), layered)
     _check_names(params, source)
     if params["experiment"] not in params["experiments"]:
         raise ParamsError(f"{source}: experiment: unknown experiment {params['experiment']!r}; "
@@ -582,7 +590,7 @@ def load_and_validate(params_path: str | os.PathLike, schema_path: str | os.Path
         try:
             experiments[name] = build_experiment(params, name)
         except ParamsError as e:
-            raise ParamsError(f"{source}: {e}") from None
+            raise ParamsError(f"{layered if name in touched else source}: {e}") from None
     return params, experiments
 
 

@@ -275,18 +275,10 @@ class SigtermFlag:
 
 def stop_with_parent(poll_s: float = 0.5) -> None:
     """End this process the way a preemption does (SIGTERM: a last state.pt, exit 143) when its
-    parent dies: a pipeline job started by `exec` from Snakemake then never outlives a
-    snakemake that was killed (even with SIGKILL), so no orphan trainer holds the run's lock or
-    writes into a log the next attempt truncates. A daemon thread watching the parent pid
-    (portable; Linux's PR_SET_PDEATHSIG would fire when the parent's *thread* ends)."""
-    parent = os.getppid()
-
-    def watch():
-        while os.getppid() == parent:
-            time.sleep(poll_s)
-        logger.info("parent process %d ended: stopping as on SIGTERM", parent)
-        os.kill(os.getpid(), signal.SIGTERM)
-    threading.Thread(target=watch, name="loopscale-parent-watch", daemon=True).start()
+    parent dies (loopscale.cli.watch_parent, started at the very top of the command line entry,
+    before the heavy imports, so this is a no-op there)."""
+    from .cli import watch_parent
+    watch_parent(poll_s)
 
 
 def _metrics_upto(path: Path, step: int) -> None:

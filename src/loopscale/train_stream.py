@@ -56,6 +56,24 @@ def _recorded_fingerprint(out: Path) -> Optional[str]:
         return None
 
 
+def check_val_data(val_data: str | Path, tok, vocab_size: int, where: str) -> None:
+    """--val-data must be tokenised with the stream's tokenizer (the hash prepared data records,
+    `data.prepare_data`) and fit the model's vocabulary: one ConfigError line otherwise."""
+    import hashlib
+
+    from . import data as D
+    meta = D.load_meta(val_data)
+    have = meta.get("tokenizer_sha256")
+    want = hashlib.sha256(tok.to_str(pretty=True).encode("utf-8")).hexdigest()
+    if have and have != want:
+        raise ConfigError(f"--val-data {val_data} was tokenised with another tokenizer than stream.tokenizer "
+                          f"{where!r} (tokenizer_sha256 {have[:12]} vs {want[:12]}): prepare it with "
+                          f"`loopscale prepare-data --tokenizer` and the stream's tokenizer.json")
+    if isinstance(meta.get("vocab_size"), int) and meta["vocab_size"] > vocab_size:
+        raise ConfigError(f"--val-data {val_data} uses {meta['vocab_size']} token ids, more than model.vocab_size "
+                          f"{vocab_size}")
+
+
 def train_stream(cfg: RunConfig, s: StreamConfig, out_dir: str | Path, *, val_data: Optional[str | Path] = None,
                  resume: bool = True, drop_stale_state: bool = False) -> dict:
     """Train `cfg` on the stream `s` for train.max_steps optimiser steps into `out_dir`:
@@ -73,6 +91,8 @@ def train_stream(cfg: RunConfig, s: StreamConfig, out_dir: str | Path, *, val_da
 
     if not cfg.train.max_steps:
         raise ConfigError("train.max_steps is required for a streamed run (a stream has no epochs)")
+    if s.min_lr > cfg.train.lr:  # the cosine would climb from lr to min_lr instead of decaying
+        raise ConfigError(f"stream.min_lr ({s.min_lr:g}) must not exceed train.lr ({cfg.train.lr:g})")
     out = Path(out_dir)
     fp = result_fingerprint(cfg, dataclasses.asdict(s))
     stream = {"stream": dataclasses.asdict(s)}
@@ -108,7 +128,10 @@ def _train_stream(cfg: RunConfig, s: StreamConfig, out: Path, fingerprint: str, 
     if tok.get_vocab_size() > mc.vocab_size:
         raise ConfigError(f"tokenizer {s.tokenizer!r} has {tok.get_vocab_size()} tokens, more than "
                           f"model.vocab_size {mc.vocab_size}")
-    val_tokens = D.load_split(val_data, "validation") if val_data else None
+    val_tokens = None
+    if val_data:  # before anything trains: data of another tokenizer is refused, never evaluated after training
+        check_val_data(val_data, tok, mc.vocab_size, s.tokenizer)
+        val_tokens = D.load_split(val_data, "validation")
 
     torch.manual_seed(tc.seed)
     model = build_model(mc).to(device)

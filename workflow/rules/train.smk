@@ -16,7 +16,8 @@
 # changes a job's speed, not its result (tests/test_pipeline.py).
 #
 # Signals: the job execs the trainer (no shell between), which watches its parent
-# (--stop-with-parent): when snakemake dies, even by SIGKILL, training checkpoints and stops as
+# (--stop-with-parent, from its first instant; LOOPSCALE_PARENT_PID names snakemake even before
+# then): when snakemake dies, even by SIGKILL, training checkpoints and stops as
 # on SIGTERM, and `--rerun-incomplete` resumes it. Snakemake interrupted alone (Ctrl-C or
 # SIGINT to its pid) waits for the running job, then records it incomplete; the finished run
 # keeps second names of model.pt and summary.json, so the rerun puts it back instead of
@@ -60,6 +61,6 @@ rule train:
     conda:
         "../envs/loopscale.yaml"
     shell:
-        "exec {params.launch} --config {input.config:q} {params.stream}--data {params.data:q} --out {params.run:q}"
+        "LOOPSCALE_PARENT_PID=$PPID exec {params.launch} --config {input.config:q} {params.stream}--data {params.data:q} --out {params.run:q}"
         " --set train.threads=$(( {threads} / {params.ranks} ))"
         " -q --record-failure --drop-stale-state --stop-with-parent > {log:q} 2>&1"
