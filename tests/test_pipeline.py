@@ -835,7 +835,7 @@ def test_every_dvc_stage_drives_its_own_experiment():
 
 
 def test_the_docs_name_the_dvc_plugin_of_every_remote_type_they_mention():
-    """README "When things go wrong": s3:// and ssh:// remotes need DVC plugins that
+    """docs/troubleshooting.md: s3:// and ssh:// remotes need DVC plugins that
     requirements.lock does not install; every doc naming such a remote names the plugin."""
     lock = (REPO / "requirements.lock").read_text()
     for doc in [REPO / "README.md", *(REPO / "docs").glob("*.md")]:
@@ -847,7 +847,7 @@ def test_the_docs_name_the_dvc_plugin_of_every_remote_type_they_mention():
 
 @pytest.mark.slow
 def test_a_killed_snakemake_needs_unlock_before_rerun_incomplete(tmp_path):
-    """README "When things go wrong": after a killed snakemake, `--rerun-incomplete` alone is
+    """docs/troubleshooting.md: after a killed snakemake, `--rerun-incomplete` alone is
     refused (the lock stays); `snakemake --unlock` first, then it finishes."""
     import signal
     repo = copy_worktree(tmp_path / "repo")

@@ -1,8 +1,8 @@
 """The Snakemake profiles (profiles/ next to the Snakefile) are found with the documented
 commands and ask SLURM for what each job really uses.
 
-Dry runs in a copy of the working tree, as a user types them (README "On a SLURM
-cluster"): `snakemake --workflow-profile slurm --config experiment=NAME -n`. The partition
+Dry runs in a copy of the working tree, as a user types them (docs/pipeline.md "On a SLURM
+cluster, step by step"): `snakemake --workflow-profile slurm --config experiment=NAME -n`. The partition
 each job would be sent to is worked out with the SLURM plugin's own partition selection
 from profiles/slurm/partitions.yaml and the job's resources as Snakemake resolved them.
 """

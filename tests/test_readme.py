@@ -1,4 +1,8 @@
-"""Every shell and Python snippet of README.md runs as written. Each ```bash / ```python block
+"""Every shell and Python snippet of README.md and the usage pages runs as written, and every
+figure the README and docs/results.md quote is the committed result files' (tests/figures.py).
+
+Snippets: every shell and Python snippet of README.md, docs/usage.md and docs/integrations.md
+(RUN_DOCS, run in that order) runs as written. Each ```bash / ```python block
 carries a marker on the line before it: `<!-- readme-test: run -->` (executed, in README order,
 in a temporary copy of the working tree; later blocks see what earlier ones made, e.g. the
 one-minute start's results) or `<!-- readme-test: skip REASON -->` (needs GPUs, a cluster, the
@@ -15,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+import figures
 from test_pipeline import copy_worktree, pipeline_env
 
 REPO = Path(__file__).resolve().parents[1]
@@ -28,10 +33,16 @@ def blocks(text: str) -> list[tuple[str | None, str, str, str]]:
 
 
 README = (REPO / "README.md").read_text()
+RUN_DOCS = ("README.md", "docs/usage.md", "docs/integrations.md")
+RESULTS = (REPO / "docs" / "results.md").read_text()
+
+
+def all_blocks():
+    return [b for doc in RUN_DOCS for b in blocks((REPO / doc).read_text())]
 
 
 def test_every_snippet_is_marked_and_parses():
-    found = [b for b in blocks(README) if b[2] in CODE]
+    found = [b for b in all_blocks() if b[2] in CODE]
     assert len(found) >= 8
     for marker, reason, lang, code in found:
         assert marker in ("run", "skip"), f"unmarked {lang} block:\n{code[:200]}"
@@ -42,7 +53,20 @@ def test_every_snippet_is_marked_and_parses():
         else:
             subprocess.run(["bash", "-n"], input=code, text=True, check=True)
     assert found[0][0] == "run" and found[0][3].startswith("make smoke"), "the README starts with make smoke"
-    assert "make reproduce" in found[1][3]
+    assert "make reproduce" in found[1][3] and "make test" in found[1][3]
+
+
+def test_every_snippet_that_needs_the_venv_activates_it():
+    """A reader who copies a snippet gets the venv's tools: a shell snippet calling loopscale,
+    snakemake, dvc, torchrun, python or lm-eval activates .venv first or calls .venv/bin/...
+    (make targets set it up themselves)."""
+    tools = re.compile(r"^\s*(?:\$ )?(loopscale|loopscale-lm-eval|snakemake|dvc|torchrun|python3?)\b", re.M)
+    for doc in RUN_DOCS:
+        for marker, _, lang, code in blocks((REPO / doc).read_text()):
+            if lang not in ("bash", "sh", "console") or not tools.search(code):
+                continue
+            first = tools.search(code).start()
+            assert "source .venv/bin/activate" in code[:first], f"{doc}: activate the venv first:\n{code[:300]}"
 
 
 def test_the_smoke_time_quoted_is_the_recorded_one():
@@ -53,11 +77,11 @@ def test_the_smoke_time_quoted_is_the_recorded_one():
 
 
 def test_the_drift_law_figures_quoted_are_the_committed_ones():
-    """The README's drift-law numbers are results/drift_law/drift_law.csv's, at the rounding
+    """docs/results.md's drift-law numbers are results/drift_law/drift_law.csv's, at the rounding
     it quotes them (held-out band to 10, the paper bands to 100)."""
     import pandas as pd
     t = pd.read_csv(REPO / "results" / "drift_law" / "drift_law.csv").set_index("kind", append=True)
-    text = " ".join(README.split())
+    text = " ".join(RESULTS.split())
 
     def r(x, to):
         return f"{int(round(x / to) * to):,}"
@@ -73,25 +97,176 @@ def test_the_drift_law_figures_quoted_are_the_committed_ones():
     assert f"the range is {spread[0]} and {spread[1]}" in text
 
 
-def test_the_cpu_long_figures_quoted_are_the_committed_ones():
-    """The README's cpu_long paragraph quotes results/cpu_long/claims.csv: the verdict count and
-    claim (a)'s and (c)'s numbers."""
+def _section(text: str, exp: str) -> str:
+    """docs/results.md's section of one experiment, whitespace collapsed."""
+    text = " ".join(text.split())
+    sec = text[text.index(f"## `{exp}`"):]
+    return sec[:sec.index("## ", 3)] if "## " in sec[3:] else sec
+
+
+def _claims(exp: str):
     import pandas as pd
-    t = pd.read_csv(REPO / "results" / "cpu_long" / "claims.csv").set_index("id")
-    text = " ".join(README.split())
-    para = text[text.index("**The longer CPU study:**"):]
-    para = para[:para.index("Analysis:")]
-    n_ok = int(t.verdict.str.startswith("reproduced").sum())
-    n_seeds = t.seeds_evaluated.max()
+    t = pd.read_csv(REPO / "results" / exp / "claims.csv")
+    ran = (t.verdict != "not run at this scale").groupby(t["size"]).sum()
+    return t[t["size"] == ran.idxmax()].set_index("id")  # the size that ran the most claims
+
+
+@pytest.mark.parametrize("exp", ["cpu", "cpu_confirm", "cpu_long"])
+def test_the_verdict_counts_quoted_are_the_committed_ones(exp):
+    """Each experiment's count of reproduced claims in docs/results.md is its claims.csv's
+    (for cpu_confirm, the size that ran every condition)."""
+    t = _claims(exp)
+    sec = _section(RESULTS, exp)
+    n_ok = int((t.seeds_reproduced == t.seeds_evaluated).sum())
+    n_seeds = int(t.seeds_evaluated.max())
     if n_ok == len(t):
-        assert f"All {n_ok} claims reproduce, each in {n_seeds}/{n_seeds} seeds" in para
+        assert f"All {n_ok} claims reproduce, each in {n_seeds}/{n_seeds} seeds" in sec
     else:
-        assert f"{n_ok} of {len(t)} claims reproduce" in para
+        assert f"{n_ok} of the {len(t)} claims reproduce in {n_seeds}/{n_seeds} seeds" in sec
+        assert not re.search(r"\bAll \d+ claims", sec)
+
+
+def test_the_cpu_long_figures_quoted_are_the_committed_ones():
+    """docs/results.md's cpu_long section quotes results/cpu_long/claims.csv: claim (a)'s and
+    (c)'s numbers."""
+    t = _claims("cpu_long")
+    para = _section(RESULTS, "cpu_long")
     drift, raw, ratio = re.search(r"‖H_K‖ ([\d,.]+) vs ([\d,.]+) \(ratio ([\d,.]+)×\)", t.loc["a", "ours"]).groups()
     assert f"‖H_K‖ reaches {drift} with the RMSNorm readout" in para
     assert f"against {float(raw):.1f} raw ({float(ratio.replace(',', '')):.0f}×)" in para
     acc = re.search(r"‖H_K‖/‖H_1‖ ([\d.]+) with inter-loop norm vs ([\d.]+) residual", t.loc["c", "ours"]).groups()
     assert f"‖H_K‖/‖H_1‖ {acc[0]} against {acc[1]} residual" in para
+
+
+# --- the claims table ------------------------------------------------------------------------
+
+MATRIX = re.compile(r"<!-- claims-matrix:begin -->\n(.*?)<!-- claims-matrix:end -->", re.S)
+
+
+def _cell(verdict: str) -> str:
+    """claims.csv's verdict as the table writes it: ✓ 3/3, ✗ 0/3, mixed 2/3, – (not run)."""
+    if verdict.startswith("not run"):
+        return "–"
+    k, n = re.search(r"(\d+)/(\d+)", verdict).groups()
+    sym = "mixed" if verdict.startswith("mixed") else "✗" if verdict.startswith("not reproduced") else "✓"
+    return f"{sym} {k}/{n}"
+
+
+def expected_cell(row) -> str:
+    cell = _cell(row.verdict)
+    reg = row.registered_verdict if isinstance(row.registered_verdict, str) else ""
+    if reg and _cell(reg) != cell:
+        cell += f" (registered {_cell(reg)})"
+    return cell
+
+
+def matrix_cells(readme: str) -> dict[tuple[str, str], str]:
+    """{(claim id, experiment): cell} of the README's claims table."""
+    table = [ln for ln in MATRIX.search(readme).group(1).splitlines() if ln.startswith("|")]
+    head = [c.strip() for c in table[0].strip("|").split("|")]
+    exps = [re.match(r"`(\w+)`", h).group(1) if re.match(r"`(\w+)`", h) else None for h in head]
+    cells = {}
+    for ln in table[2:]:
+        row = [c.strip() for c in ln.strip("|").split("|")]
+        cid = re.search(r"\((e2|[a-z])\)", row[0]).group(1)
+        for exp, cell in zip(exps, row):
+            if exp:
+                cells[cid, exp] = cell
+    return cells
+
+
+def test_the_claims_table_is_the_committed_verdicts():
+    """Every cell of the README's claims table (claim × experiment) is the verdict of that
+    experiment's claims.csv, with the verdict as first registered beside it where it differs;
+    every claim of every experiment has its cell. Once `loopscale report claims-matrix` has
+    written results/claims_matrix.md, the table is that file's."""
+    generated = REPO / "results" / "claims_matrix.md"
+    block = MATRIX.search(README).group(1)
+    if generated.is_file():
+        rows = [ln for ln in generated.read_text().splitlines() if ln.startswith("|")]
+        assert rows and all(r in block for r in rows), "the README's claims table is not results/claims_matrix.md's"
+        return
+    cells = matrix_cells(README)
+    exps = sorted({e for _, e in cells})
+    assert exps == ["cpu", "cpu_confirm", "cpu_long"]
+    for exp in exps:
+        t = _claims(exp)
+        assert sorted(t.index) == sorted(c for c, e in cells if e == exp), exp
+        for cid, row in t.iterrows():
+            assert cells[cid, exp] == expected_cell(row), (exp, cid, cells[cid, exp], expected_cell(row))
+
+
+def test_a_wrong_cell_of_the_claims_table_fails():
+    """The table check is not vacuous: a flipped verdict and a dropped 'registered' note are
+    both told apart from the committed ones."""
+    cells = matrix_cells(README)
+    t = _claims("cpu")
+    assert cells["g", "cpu"] == expected_cell(t.loc["g"])  # mixed 1/3 (registered ✗ 0/3)
+    wrong = README.replace("| mixed 1/3 (registered ✗ 0/3) |", "| ✓ 1/3 |", 1)
+    assert matrix_cells(wrong)["g", "cpu"] != expected_cell(t.loc["g"])
+    wrong = README.replace("| ✗ 0/3 | mixed 2/3 |", "| ✓ 3/3 | mixed 2/3 |", 1)
+    assert matrix_cells(wrong)["e2", "cpu"] != expected_cell(t.loc["e2"])
+
+
+# --- every figure from a committed file ------------------------------------------------------
+
+def test_every_figure_quoted_comes_from_a_committed_result_file():
+    """Every number of README.md and docs/results.md (and of any docs page's block that declares
+    its sources) is one of its declared sources' numbers at the precision quoted
+    (tests/figures.py: how to declare a source, what is exempt)."""
+    bad = [p for page in figures.pages() for p in figures.check(page)]
+    assert not bad, "\n".join(bad)
+
+
+def test_a_figure_edited_to_a_wrong_value_fails(tmp_path):
+    """A mutated copy of the README and of docs/results.md: each edited figure is reported,
+    naming the file, line and figure; the unedited pages pass."""
+    cases = [("README.md", "‖H_K‖ 382 against", "‖H_K‖ 383 against", "'383'"),
+             ("README.md", "point by 1.41×", "point by 1.51×", "'1.51'"),
+             ("README.md", "drift to 39,207 (44M)", "drift to 39,270 (44M)", "'39,270'"),
+             ("README.md", "(26.75 s and 27.01 s", "(26.75 s and 27.91 s", "'27.91'"),
+             ("docs/results.md", "measured 2,077 (1.41×", "measured 2,177 (1.41×", "'2,177'"),
+             ("docs/results.md", "changes CE by 0.0258 nats", "changes CE by 0.0358 nats", "'0.0358'"),
+             ("docs/results.md", "(−7.1% at worst)", "(+7.1% at worst)", "'+7.1%'"),
+             ("docs/results.md", "14,300–25,700 for the 44M", "14,300–25,800 for the 44M", "'25,800'")]
+    for page, old, new, reported in cases:
+        text = (REPO / page).read_text()
+        assert text.count(old) == 1, (page, old)
+        assert not figures.check(page, text)
+        mutated = tmp_path / Path(page).name
+        mutated.write_text(text.replace(old, new))
+        errors = figures.check(page, mutated.read_text())
+        assert len(errors) == 1 and reported in errors[0] and errors[0].startswith(f"{page}:"), (new, errors)
+    # a figure without any declaration fails on the pages that must declare one
+    text = README.replace("<!-- figures: benchmarks/make-smoke.json benchmarks/test-suite.json -->\n", "")
+    assert any("declares no source" in e and "829" in e for e in figures.check("README.md", text))
+    # a source that is not a committed result file is refused
+    text = README.replace("benchmarks/make-smoke.json benchmarks/test-suite.json", "docs/studies.md", 1)
+    assert any("not a committed file under results/ or benchmarks/" in e for e in figures.check("README.md", text))
+
+
+def test_most_single_digit_edits_of_a_precise_figure_are_caught():
+    """Strictness over the whole pages: every figure with a decimal point or three or more
+    significant digits is edited in its last digit, one at a time; at least 90% of the edits must
+    fail the check (an edit can land on another number its sources hold; small integers, e.g.
+    seed counts, are checked by the exact tests above, not here)."""
+    from dataclasses import replace
+    tried, missed = 0, []
+    for page in figures.CHECKED:
+        for b in figures.blocks(page):
+            if b.sources is None:
+                continue
+            for f in figures.figures(b.text):
+                digits = [i for i, c in enumerate(f.text) if c.isdigit()]
+                if "." not in f.text and len(f.text.replace(",", "").strip("0+−-%kMB")) < 3:
+                    continue
+                i = digits[-1]
+                edited = f.text[:i] + str((int(f.text[i]) + 1) % 10) + f.text[i + 1:]
+                tried += 1
+                if not figures.problems(replace(b, text=b.text[:f.start] + edited + b.text[f.end:]), True):
+                    missed.append(f"{page}:{b.line} {f.text} -> {edited}")
+    assert tried >= 100
+    assert len(missed) <= 0.1 * tried, missed
 
 
 @pytest.mark.slow
@@ -100,7 +275,7 @@ def test_the_readme_runs_as_written(tmp_path):
     os.symlink(Path(sys.executable).parents[1], repo / ".venv")  # the set-up's venv (make setup is done)
     env = pipeline_env(repo)
     shutil.rmtree("/tmp/loopscale-out", ignore_errors=True)  # the --directory example's folder
-    for i, (marker, _, lang, code) in enumerate(blocks(README)):
+    for i, (marker, _, lang, code) in enumerate(all_blocks()):
         if marker != "run":
             continue
         if lang == "python":
@@ -109,7 +284,7 @@ def test_the_readme_runs_as_written(tmp_path):
             code = re.sub(r"^make (\w+)", r"make -o .venv/.installed \1", code, flags=re.M)
             cmd = ["bash", "-euo", "pipefail", "-c", code]
         proc = subprocess.run(cmd, cwd=repo, env=env, capture_output=True, text=True, timeout=1800)
-        assert proc.returncode == 0, f"README block {i} ({lang}) failed:\n{code}\n--- stderr\n{proc.stderr[-3000:]}"
+        assert proc.returncode == 0, f"snippet {i} of {', '.join(RUN_DOCS)} ({lang}) failed:\n{code}\n--- stderr\n{proc.stderr[-3000:]}"
         if "tok.encode(" in code:
             assert "['The', ' ', 'Congress', ' ', 'of'" in proc.stdout
     assert (repo / "results" / "smoke" / "REPORT.md").is_file()
