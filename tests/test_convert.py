@@ -14,9 +14,7 @@ from loopscale.cli import main
 from loopscale.convert import convert_paper
 from loopscale.evaluate import load_model
 from loopscale.io import run_lock
-
-FIX = Path(__file__).parent / "fixtures" / "official"
-CHECKPOINTS = sorted(FIX.glob("*/last.pt"))
+from official import CHECKPOINTS, OFFICIAL as FIX, eval_windows, trained_conditions
 EPS32 = torch.finfo(torch.float32).eps
 
 
@@ -48,7 +46,8 @@ def _exits(model, idx):
 
 
 def test_the_fixtures_hold_checkpoints():
-    assert len(CHECKPOINTS) >= 12
+    # one checkpoint per condition the official trainer ran (the set's scripts/commands.sh)
+    assert trained_conditions() and sorted(p.parent.name for p in CHECKPOINTS) == sorted(trained_conditions())
 
 
 @pytest.mark.parametrize("ckpt", CHECKPOINTS, ids=lambda p: p.parent.name)
@@ -135,7 +134,17 @@ def _with(mutate, name="perstep_norm"):
 
 
 def _set(section, key, value):
-    return lambda ck: ck["config"].setdefault(section, {}).__setitem__(key, value)
+    """Set config[section][key] to `value`, or to value(ck) where it is a function of the
+    checkpoint (a wrong value made from the real one, so it differs in every fixture set)."""
+    return lambda ck: ck["config"].setdefault(section, {}).__setitem__(key, value(ck) if callable(value) else value)
+
+
+def _model(key):
+    return lambda ck: ck["config"]["model"][key]
+
+
+def _rows(ck) -> int:
+    return ck["model_state"]["token_embedding.weight"].shape[0]
 
 
 UNREPRESENTABLE = {
@@ -170,10 +179,14 @@ def _state(fn):
 
 
 MALFORMED = {
-    "d_model_disagrees": (_set("model", "d_model", 64), "model.d_model=64 disagrees with the weights"),
-    "d_model_fractional": (_set("model", "d_model", 32.5), "model.d_model must be an integer"),
-    "layers_disagree": (_set("model", "num_layers", 2), "model.num_layers=2 disagrees"),
-    "seq_len_disagrees": (_set("data", "seq_len", 64), "position_embedding.weight has shape"),
+    "d_model_disagrees": (_set("model", "d_model", lambda ck: 2 * _model("d_model")(ck)),
+                          lambda ck: f"model.d_model={2 * _model('d_model')(ck)} disagrees with the weights"),
+    "d_model_fractional": (_set("model", "d_model", lambda ck: _model("d_model")(ck) + 0.5),
+                           "model.d_model must be an integer"),
+    "layers_disagree": (_set("model", "num_layers", lambda ck: _model("num_layers")(ck) + 1),
+                        lambda ck: f"model.num_layers={_model('num_layers')(ck) + 1} disagrees"),
+    "seq_len_disagrees": (_set("data", "seq_len", lambda ck: 2 * ck["config"]["data"]["seq_len"]),
+                          "position_embedding.weight has shape"),
     "no_num_loops": (lambda ck: ck["config"]["model"].pop("num_loops"), "no model.num_loops"),
     "dropout_string": (_set("model", "dropout", "0.1"), "model.dropout must be a finite number"),
     "wrong_shape": (_state(lambda s: s.__setitem__("layers.0.attn.qkv.weight", s["layers.0.attn.qkv.weight"][:-1])),
@@ -205,7 +218,8 @@ MALFORMED = {
     "tokenizer_bad_pattern": (lambda ck: ck["tokenizer"].__setitem__("pattern", "(["), "not a valid regular"),
     "tokenizer_list": (lambda ck: ck.__setitem__("tokenizer", ["a", "b"]), "is not understood"),
     "ids_beyond_embedding": (lambda ck: ck["tokenizer"]["itos"].extend(["zzz1", "zzz2"]),
-                             "the tokenizer's ids reach 513 but the embedding has only 512 rows"),
+                             lambda ck: f"the tokenizer's ids reach {len(ck['tokenizer']['itos']) + 1} "
+                                        f"but the embedding has only {_rows(ck)} rows"),
     "no_model_state": (lambda ck: ck.pop("model_state"), "has no 'model_state'"),
 }
 
@@ -213,7 +227,7 @@ MALFORMED = {
 @pytest.mark.parametrize("case", MALFORMED)
 def test_malformed_checkpoints_are_refused_in_one_line(case, tmp_path, capsys):
     mutate, needle = MALFORMED[case]
-    _refused(tmp_path, capsys, _with(mutate), needle)
+    _refused(tmp_path, capsys, _with(mutate), needle(_base()) if callable(needle) else needle)
 
 
 def test_a_fixed_alpha_that_disagrees_with_the_weights_is_refused(tmp_path, capsys):
@@ -257,8 +271,10 @@ def test_tokenizer_file_problems_are_one_line(tmp_path, capsys):
     _refused(tmp_path, capsys, ck, "not a valid tokenizers JSON", ["--tokenizer", str(tmp_path / "junk.json")])
     # two ids, but the larger one lies beyond the embedding: max id + 1 counts, not the number of ids
     from tokenizers import Tokenizer, models
-    Tokenizer(models.WordLevel({"<unk>": 0, "far": 5000}, unk_token="<unk>")).save(str(tmp_path / "sparse.json"))
-    _refused(tmp_path, capsys, ck, "ids reach 5000", ["--tokenizer", str(tmp_path / "sparse.json")])
+    far = _rows(ck)  # the first id past the embedding's last row
+    Tokenizer(models.WordLevel({"<unk>": 0, "far": far}, unk_token="<unk>")).save(str(tmp_path / "sparse.json"))
+    _refused(tmp_path, capsys, ck, f"ids reach {far} but the embedding has only {far} rows",
+             ["--tokenizer", str(tmp_path / "sparse.json")])
 
 
 def test_a_file_that_is_no_checkpoint_gets_no_trust_pickle_hint(tmp_path, capsys):
@@ -339,11 +355,13 @@ def test_diagnostics_run_on_a_converted_run(tmp_path, capsys):
                  "--set", f"data.validation_file={corpus / 'validation.txt'}", "--tokenizer",
                  str(run / "tokenizer.json"), "--out", str(data)]) == 0, capsys.readouterr().err
     capsys.readouterr()
+    official = torch.load(CHECKPOINTS[0], weights_only=True)["config"]
+    tokens = eval_windows("radial_clamp_intervention", CHECKPOINTS[0].parent.name) * official["data"]["seq_len"]
     assert main(["eval", "depth", "--model", str(run / "model.pt"), "--data", str(data),
                  "--out", str(tmp_path / "depth.json"), "--set", "eval.device=cpu",
-                 "--set", "eval.max_tokens=1024"]) == 0, capsys.readouterr().err
+                 "--set", f"eval.max_tokens={tokens}"]) == 0, capsys.readouterr().err
     depth = json.loads((tmp_path / "depth.json").read_text())
-    assert len(depth["exits"]) == torch.load(CHECKPOINTS[0], weights_only=True)["config"]["model"]["num_loops"]
+    assert len(depth["exits"]) == official["model"]["num_loops"]
 
 
 def test_load_official_and_the_dict_form_give_the_converted_model(tmp_path):

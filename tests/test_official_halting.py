@@ -1,10 +1,10 @@
 """Halting under the paper's protocol (Table 8) against the official scripts' outputs.
 
 `tests/fixtures/official/<cond>/eval/` holds what the official `early_exit_curve.py` and
-`adaptive_halt_benchmark.py` wrote for each checkpoint (batch 8 × 4 batches: the first 32
-non-overlapping seq-32 windows of `token_ids/validation_ids.json`). loopscale's `halting`
-diagnostic, run on the same checkpoint converted and the same windows, must give the same
-rows (timings excepted: they are this machine's wall clock).
+`adaptive_halt_benchmark.py` wrote for each checkpoint (the first non-overlapping windows of
+`token_ids/validation_ids.json`, batch size times batches as `scripts/commands.sh` ran them).
+loopscale's `halting` diagnostic, run on the same checkpoint converted and the same windows,
+must give the same rows (timings excepted: they are this machine's wall clock).
 
 loopscale's model computes the same logits as the official one to ~1e-5 (fused projections
 sum in another order), not bit for bit. A threshold that falls within that noise of some
@@ -25,12 +25,12 @@ import torch
 from loopscale.config import EvalConfig, RunConfig, merge
 from loopscale import convert
 from loopscale.evaluate import EvalRun
-from loopscale.halting import (PAPER_POLICY, POLICIES, collect, halting, paper_calibrate, paper_curve,
-                               paper_exit_index, paper_thresholds, paper_units)
+from loopscale.halting import (PAPER_CURVE_THRESHOLDS, PAPER_HALT_THRESHOLDS, PAPER_POLICY, POLICIES, collect,
+                               halting, paper_calibrate, paper_curve, paper_exit_index, paper_thresholds, paper_units)
 from loopscale.model import LoopedLM
+from official import CHECKPOINTS, OFFICIAL as FIX, eval_windows, flag
 
-FIX = Path(__file__).parent / "fixtures" / "official"
-CONDS = [p.parent.name for p in sorted(FIX.glob("*/last.pt"))]
+CONDS = [p.parent.name for p in CHECKPOINTS]
 OFFICIAL_NAME = {v: k for k, v in PAPER_POLICY.items()}
 BAND = {"max_prob": 1e-5, "margin": 1e-4, "entropy": 1e-5}  # confidence noise from ~1e-5 logit differences
 
@@ -57,12 +57,30 @@ def _paper_run(cond: str) -> tuple:
     for p in model.parameters():
         p.requires_grad_(False)
     tokens = np.asarray(json.loads((FIX / "token_ids" / "validation_ids.json").read_text()), dtype=np.int64)
-    ecfg = EvalConfig(batch_size=8, halting_tokens=32 * cfg.model.seq_len, halting_epsilon=0.01)
+    windows, batch, epsilon = official_protocol(cond)
+    ecfg = EvalConfig(batch_size=batch, halting_tokens=windows * cfg.model.seq_len, halting_epsilon=epsilon)
     run = EvalRun(model=model, cfg=cfg, ecfg=ecfg, tokens=tokens, device=torch.device("cpu"), step=None,
                   status="ok", model_path=FIX / cond / "last.pt", data_dir=FIX / "token_ids", progress=False)
     payload, _ = halting(run)
-    return payload["paper"], collect(run, np.arange(32) * cfg.model.seq_len)
+    return payload["paper"], collect(run, np.arange(windows) * cfg.model.seq_len)
 
+
+def official_protocol(cond: str) -> tuple[int, int, float]:
+    """(windows, batch size, epsilon) of the official halting scripts' commands for `cond`
+    (scripts/commands.sh). loopscale runs the curve and the calibration on one set of windows
+    with the scripts' threshold counts, so the commands must agree on those."""
+    curves = [f"early_exit_curve_{g}" for g in ("sequence", "token")]
+    halts = [f"adaptive_halt_{PAPER_POLICY[p]}" for p in POLICIES]
+    windows = {eval_windows("early_exit_curve", cond, o) for o in curves} | \
+        {eval_windows("adaptive_halt_benchmark", cond, o) for o in halts} | \
+        {int(flag("adaptive_halt_benchmark", cond, "--batch-size", o)) * int(flag("adaptive_halt_benchmark", cond, "--bench-batches", o))
+         for o in halts}
+    batches = {int(flag("early_exit_curve", cond, "--batch-size", o)) for o in curves}
+    assert {int(flag("early_exit_curve", cond, "--num-thresholds", o)) for o in curves} == {PAPER_CURVE_THRESHOLDS}
+    assert {int(flag("adaptive_halt_benchmark", cond, "--num-thresholds", o)) for o in halts} == {PAPER_HALT_THRESHOLDS}
+    targets = {float(flag("adaptive_halt_benchmark", cond, "--target-rel-ppl", o)) for o in halts}
+    assert len(windows) == len(batches) == len(targets) == 1, (windows, batches, targets)
+    return windows.pop(), batches.pop(), round(targets.pop() - 1, 12)
 
 def read_csv(path: Path) -> list[dict]:
     with path.open(newline="") as f:

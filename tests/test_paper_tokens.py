@@ -1,8 +1,10 @@
 """The paper-exact token stream, checked against the official release's own outputs.
 
-The oracle is ``tests/fixtures/official/``: the official ``build_dataset()`` id streams
-(``token_ids/``), the official tokenizer state and its probe strings, and the checkpoints the
-official trainer wrote (every ``*/last.pt`` found there). No network.
+The oracle is ``tests/fixtures/official/`` (or the fixture set LOOPSCALE_OFFICIAL_FIXTURES
+names, see tests/official.py): the official ``build_dataset()`` id streams (``token_ids/``),
+the official tokenizer state and its probe strings, and the checkpoints the official trainer
+wrote (every ``*/last.pt`` found there); vocabulary size, count floor and ``<unk>`` id are read
+from them. No network.
 """
 import os
 
@@ -18,10 +20,10 @@ import torch
 
 from loopscale import data as D
 from loopscale.data import DataError
+from official import CHECKPOINTS, OFFICIAL, VISIBLE, checkpoint_config
 
-OFFICIAL = Path(__file__).parent / "fixtures" / "official"
 TOKEN_IDS = OFFICIAL / "token_ids"
-CHECKPOINTS = sorted(OFFICIAL.glob("*/last.pt"))
+SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")  # the official RegexTokenizer's, first in its itos
 
 
 def _json(path: Path):
@@ -41,6 +43,18 @@ def official_state() -> dict:
 @pytest.fixture(scope="module")
 def official_tok(official_state):
     return D.paper_tokenizer(official_state["itos"], official_state["pattern"])
+
+
+def _unk(root: Path = OFFICIAL) -> int:
+    """The official <unk> id (its place in the fixture tokenizer's itos)."""
+    return _json(root / "token_ids" / "tokenizer.json")["itos"].index("<unk>")
+
+
+def _data_config(root: Path = OFFICIAL) -> dict:
+    """The `data` section the official build_dataset() ran with (every checkpoint's config)."""
+    ckpts = sorted(root.glob("*/last.pt"))
+    (data,) = {json.dumps(checkpoint_config(c.parent)["data"], sort_keys=True) for c in ckpts}
+    return json.loads(data)
 
 
 def _pieces(pre_tokenizer, text: str) -> list[str]:
@@ -106,10 +120,11 @@ def test_paper_tokenizer_probes_equal_the_official_tokenizer(official_tok):
 
 
 def test_paper_tokenizer_specials_are_plain_vocabulary(official_tok):
-    vocab = official_tok.get_vocab()
-    assert [vocab[s] for s in ("<pad>", "<bos>", "<eos>", "<unk>")] == [0, 1, 2, 3]
+    vocab, itos = official_tok.get_vocab(), _json(TOKEN_IDS / "tokenizer.json")["itos"]
+    assert itos[:len(SPECIALS)] == list(SPECIALS)
+    assert [vocab[s] for s in SPECIALS] == [itos.index(s) for s in SPECIALS]
     assert official_tok.get_added_tokens_decoder() == {}
-    assert official_tok.encode("<unk>").ids == [official_tok.token_to_id(p) or 3 for p in ("<", "unk", ">")]
+    assert official_tok.encode("<unk>").ids == [official_tok.token_to_id(p) or _unk() for p in ("<", "unk", ">")]
 
 
 def test_paper_tokenizer_survives_a_json_round_trip(official_tok, official_state):
@@ -152,26 +167,28 @@ def _official_stream(fit_rows: list[str], rows: list[str], vocab_size: int, min_
     "\\n\\n"-joined rows), written for this test with Python's re and a Counter."""
     from collections import Counter
     counts = Counter(p for r in fit_rows for p in re.findall(D.WORD_PATTERN, r))
-    specials = ["<pad>", "<bos>", "<eos>", "<unk>"]
+    specials = list(SPECIALS)
     kept = sorted((t for t, c in counts.items() if c >= min_frequency), key=lambda t: (-counts[t], t))
-    stoi = {t: i for i, t in enumerate(specials + kept[:vocab_size - 4])}
-    return [stoi.get(p, 3) for p in re.findall(D.WORD_PATTERN, "\n\n".join(rows))]
+    stoi = {t: i for i, t in enumerate(specials + kept[:vocab_size - len(specials)])}
+    return [stoi.get(p, stoi["<unk>"]) for p in re.findall(D.WORD_PATTERN, "\n\n".join(rows))]
 
 
 def _bin(data_dir: Path, split: str) -> list[int]:
     return D.load_split(data_dir, split).tolist()
 
 
-def _fixture_cfg(layout: str, **kw):
+def _fixture_cfg(layout: str, root: Path = OFFICIAL, **kw):
+    """The fixture corpus with the official config's vocabulary cap and count floor."""
     from loopscale.config import DataConfig
-    corpus = OFFICIAL / "corpus"
+    corpus = root / "corpus"
     if layout == "hf":
         kw = {"source": "wikitext-103", "hf_dataset": str(corpus / "hf"), **kw}
     else:
         kw.update(source="text-files", train_file=str(corpus / "train.txt"),
                   validation_file=str(corpus / "validation.txt"), test_file=str(corpus / "test.txt"))
-    base = _json(OFFICIAL / "token_ids" / "tokenizer.json")
-    return DataConfig(vocab_size=len(base["itos"]), min_frequency=2, tokenization="paper", **kw)
+    data = _data_config(root)
+    return DataConfig(vocab_size=data["max_vocab_size"], min_frequency=data["min_token_freq"],
+                      tokenization="paper", **kw)
 
 
 @pytest.mark.parametrize("layout", ["hf", "txt"])
@@ -194,7 +211,7 @@ def test_prepare_data_writes_the_official_streams(layout, tmp_path, official_sta
         if layout == "txt":  # a text file's whitespace-only line is no row (the Hub's WikiText rule)
             rows = [r for r in rows if r.strip()]
         stats = meta["stats"][split]
-        assert stats["tokens"] == len(ids) and stats["unk"] == ids.count(3)
+        assert stats["tokens"] == len(ids) and stats["unk"] == ids.count(_unk())
         assert stats["rows"] == len(rows) and stats["words"] == sum(len(r.split()) for r in rows)
         joined = re.findall(D.WORD_PATTERN, "\n\n".join(rows))
         itos = set(official_state["itos"])
@@ -321,7 +338,7 @@ def test_data_stats_cli(tmp_path, capsys):
     assert printed["paper_steps"]["44m"]["official"] == _official_steps(n, 256, 128, 64, 4)
     assert printed["paper_steps"]["129m"]["official"] == _official_steps(n, 256, 128, 32, 4)
     assert printed["run_steps"]["loopscale"] == 30  # the smoke preset's train.max_steps
-    assert printed["splits"]["validation"]["unk"] == _json(TOKEN_IDS / "validation_ids.json").count(3)
+    assert printed["splits"]["validation"]["unk"] == _json(TOKEN_IDS / "validation_ids.json").count(_unk())
     # a directory prepared before the statistics existed: one line, exit 2
     meta = _json(out / "meta.json")
     del meta["stats"]
@@ -333,12 +350,15 @@ def test_data_stats_cli(tmp_path, capsys):
 
 def test_committed_token_counts_match_the_official_streams():
     """benchmarks/token-counts.json (benchmarks/token_counts.py): its fixture-corpus figures in
-    the paper mode are the official streams' own counts, and its steps follow from them."""
+    the paper mode are the official streams' own counts, and its steps follow from them. The
+    record measures this repository's copy, tests/fixtures/official, whichever set the other
+    tests are pointed at."""
     record = _json(Path(__file__).parents[1] / "benchmarks" / "token-counts.json")
     paper = record["official-fixture"]["paper"]
+    assert paper["vocab_size"] == _data_config(VISIBLE)["max_vocab_size"]
     for split in ("train", "validation"):
-        ids = _json(TOKEN_IDS / f"{split}_ids.json")
-        assert paper["splits"][split]["tokens"] == len(ids) and paper["splits"][split]["unk"] == ids.count(3)
+        ids = _json(VISIBLE / "token_ids" / f"{split}_ids.json")
+        assert paper["splits"][split]["tokens"] == len(ids) and paper["splits"][split]["unk"] == ids.count(_unk(VISIBLE))
     n = paper["splits"]["train"]["tokens"]
     assert paper["paper_steps"]["44m"]["official"] == _official_steps(n, 256, 128, 64, 4)
     projected = record["wikitext-103-projection"]
