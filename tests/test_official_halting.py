@@ -109,11 +109,17 @@ def test_curve_equals_official(cond, granularity):
         else:
             assert close(o["threshold"], r["threshold"], atol=BAND[policy]), (policy, o["threshold"], r["threshold"])
         if counts != r["exit_counts"]:  # only units within the noise band of the threshold may move
-            score = paper_units(ce, conf[policy], granularity)[2][:, :K - 1]
-            near = int((np.abs(score - float(o["threshold"])) <= BAND[policy]).any(axis=1).sum())
+            unit_ce, unit_tokens, score = paper_units(ce, conf[policy], granularity)
+            moved = (np.abs(score[:, :K - 1] - float(o["threshold"])) <= BAND[policy]).any(axis=1)
+            near = int(moved.sum())
             assert 0 < near and sum(abs(a - b) for a, b in zip(counts, r["exit_counts"])) <= 2 * near, \
                 (policy, o["threshold"], counts, r["exit_counts"], near)
-            assert close(o["ppl"], r["ppl"], rtol=1e-3)
+            # the PPL may move only by what the units within the band can change: each at most
+            # the spread of its CE over the exits, over all the tokens (derived from this fixture
+            # set's own exits, not a fixed relative tolerance that assumes its token count)
+            spread = float((unit_ce[moved].max(axis=1) - unit_ce[moved].min(axis=1)).sum() / unit_tokens.sum())
+            assert abs(math.log(float(o["ppl"])) - math.log(float(r["ppl"]))) <= spread + 1e-6, \
+                (policy, o["ppl"], r["ppl"], spread)
             continue
         assert close(o["avg_loops"], r["avg_loops"]) and close(o["avg_loop_fraction"], r["avg_loop_fraction"])
         assert close(o["ppl"], r["ppl"]) and close(o["ce"], r["ce"])
