@@ -124,7 +124,7 @@ def numbers_of_text(text: str) -> set[Decimal]:
     return vals
 
 
-SPEC = re.compile(r"(?P<path>[^:#\s]+)(?::(?P<cols>[\w,]+))?(?:#(?P<key>\w+)=(?P<vals>[\w,]+))?$")
+SPEC = re.compile(r"(?P<path>[^:#\s]+)(?::(?P<cols>[\w,]+))?(?:#(?P<key>\w+)=(?P<vals>[\w,-]+))?$")  # ids: e2, c-acc
 
 
 @lru_cache(maxsize=None)

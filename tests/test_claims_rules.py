@@ -283,6 +283,52 @@ def test_claims_matrix_cells(tmp_path):
     assert pd.read_csv(written[0]).shape == m.shape
 
 
+def test_claims_matrix_readme_view_and_splice(tmp_path):
+    """--readme COLUMNS: the named columns (spaces ignored), the rest summarised in one column,
+    evidence and sanity in two tables; --splice puts it between a file's markers and keeps the
+    rest of the file; bad input is refused before anything is written."""
+    rows = lambda verdicts: [{"arm": "x", "id": i, "kind": k, "claim": i.upper(), "verdict": v,
+                              "registered_verdict": r} for i, k, v, r in verdicts]
+    e1 = write_claims(tmp_path / "exp1", rows([("a", "evidence", "reproduced (3/3 seeds)", ""),
+                                               ("d", "sanity", "reproduced (3/3 seeds)", "")]))
+    e2 = write_claims(tmp_path / "exp2", [
+        {"arm": arm, "id": "a", "kind": "evidence", "claim": "A", "verdict": v, "registered_verdict": r}
+        for arm, v, r in (("w128", "reproduced (2/2 seeds)", "not reproduced (0/2 seeds)"),
+                          ("l4", "reproduced (2/2 seeds)", ""),
+                          ("w64", "mixed: 1/2 seeds (seed means: reproduced)", ""))])
+    readme = tmp_path / "README.md"
+    readme.write_text("# top\n<!-- claims-matrix:begin -->\nold table\n<!-- claims-matrix:end -->\ntail\n")
+    from loopscale.cli import main
+    out = tmp_path / "out"
+    assert main(["report", "claims-matrix", "--results", str(e1), str(e2), "--out", str(out),
+                 "--readme", "exp1, exp2:w128", "--splice", str(readme)]) == 0
+    view = (out / M.README_FILE).read_text()
+    assert view.startswith(f"<!-- made by: loopscale report claims-matrix --results {e1} {e2} --out {out} "
+                           f"--readme exp1, exp2:w128 -->")
+    tables = [[ln for ln in part.splitlines() if ln.startswith("|")] for part in view.split("\n\n")]
+    assert tables[0][0] == "| Claim (evidence) | exp1 | exp2: w128 | the 2 other columns |"
+    assert tables[0][2] == "| (a) A | ✓ 3/3 | ✓ 2/2 (registered ✗ 0/2) | ✓ in 1, mixed in 1 |"
+    assert tables[1][0].startswith("| Sanity check") and tables[1][2] == "| (d) D | ✓ 3/3 | – | – |"
+    text = readme.read_text()
+    assert text.startswith("# top\n<!-- claims-matrix:begin -->\n") and text.endswith("<!-- claims-matrix:end -->\ntail\n")
+    assert view.strip() in text and "old table" not in text
+    assert M.summarise(["✓ 2/2 (registered ✗ 0/2)", "✓ 2/2 (registered mixed 1/2)", "–"]) == \
+        "✓ in 2 (registered ✗ in 1, mixed in 1)"
+    assert M.summarise(["–", "–"]) == "–"
+    # refused, nothing written: an unknown column, a file without markers, --splice alone
+    with pytest.raises(M.MatrixError, match="no column 'exp3'.*its columns: exp1, exp2:w128"):
+        M.write([e1, e2], tmp_path / "bad1", readme="exp1,exp3")
+    assert not (tmp_path / "bad1").exists()
+    plain = tmp_path / "plain.md"
+    plain.write_text("no markers\n")
+    with pytest.raises(M.MatrixError, match="plain.md: needs one <!-- claims-matrix:begin --> line"):
+        M.write([e1, e2], tmp_path / "bad2", readme="exp1", splice_into=plain)
+    assert not (tmp_path / "bad2").exists() and plain.read_text() == "no markers\n"
+    assert main(["report", "claims-matrix", "--results", str(e1), "--out", str(tmp_path / "bad3"),
+                 "--splice", str(readme)]) == 2
+    assert not (tmp_path / "bad3").exists()
+
+
 def test_claims_matrix_reads_an_old_claims_csv_and_rejects_a_missing_one(tmp_path):
     old = write_claims(tmp_path / "old", [{"size": "s", "id": "d", "claim": "radial", "verdict": "reproduced (2/2 seeds)"}])
     m = M.build([old]).set_index("id")

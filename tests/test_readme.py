@@ -77,24 +77,35 @@ def test_the_smoke_time_quoted_is_the_recorded_one():
 
 
 def test_the_drift_law_figures_quoted_are_the_committed_ones():
-    """docs/results.md's drift-law numbers are results/drift_law/drift_law.csv's, at the rounding
-    it quotes them (held-out band to 10, the paper bands to 100)."""
+    """docs/results.md's drift-law numbers are results/drift_law/drift_law.csv's and
+    drift_law_coverage.csv's: the held-out point, its band and verdict; each paper model's
+    points, band, ratio and verdict; the coverage counts."""
     import pandas as pd
     t = pd.read_csv(REPO / "results" / "drift_law" / "drift_law.csv").set_index("kind", append=True)
+    cov = pd.read_csv(REPO / "results" / "drift_law" / "drift_law_coverage.csv")
     text = " ".join(RESULTS.split())
 
-    def r(x, to):
-        return f"{int(round(x / to) * to):,}"
+    def r(x):
+        return f"{int(round(x)):,}"
+
+    def where(row):
+        return "inside" if row.band_low <= row.observed <= row.band_high else "outside"
     ho = t.xs("held-out", level="kind").iloc[0]
-    assert f"predicted {r(ho.band_low, 10)}–{r(ho.band_high, 10)} at step {int(ho.step):,}" in text
-    assert f"measured {r(ho.observed, 1)} ({ho.observed / (ho.band_low * ho.band_high) ** 0.5:.2f}×" in text
+    assert (f"the law predicted {r(ho.power)} (log law {r(ho.log)}), 95% band {r(ho.band_low)}–{r(ho.band_high)} "
+            f"at step {int(ho.step):,}") in text
+    assert f"measured {r(ho.observed)} ({ho.observed_over_power:.2f}× the power law's point), {where(ho)} the band" in text
+    assert ("passes" if where(ho) == "inside" else "fails") in text[text.index("**The held-out check"):][:40]
     paper = t.xs("paper", level="kind").set_index("target")
     for name in ("44M", "129M"):
         row = paper.loc[name]
-        assert f"{r(row.band_low, 100)}–{r(row.band_high, 100)} for the {name} model" in text
-    spread = [f"{r(paper.loc[n].exponent_spread_low, 100)}–{r(paper.loc[n].exponent_spread_high, 1000 if n == '129M' else 100)}"
-              for n in ("44M", "129M")]
-    assert f"the range is {spread[0]} and {spread[1]}" in text
+        assert (f"for the {name} model the power law's point is {r(row.power)} (log {r(row.log)}), the 95% band "
+                f"{r(row.band_low)}–{r(row.band_high)}; the paper's {r(row.observed)} is "
+                f"{row.observed_over_power:.2f}× the point, {where(row)} the band") in text, name
+    for check, words in (("leave-one-configuration-out", "configurations land inside their band"),
+                         ("time-split", "configurations only")):
+        c = cov[(cov.check == check) & cov.inside.notna()]
+        n_in = int(c.inside.astype(str).str.lower().eq("true").sum())
+        assert f"{n_in} of {len(c)} {words}" in text, check
 
 
 def _section(text: str, exp: str) -> str:
@@ -113,34 +124,54 @@ def _claims(exp: str):
 
 @pytest.mark.parametrize("exp", ["cpu", "cpu_confirm", "cpu_long"])
 def test_the_verdict_counts_quoted_are_the_committed_ones(exp):
-    """Each experiment's count of reproduced claims in docs/results.md is its claims.csv's
-    (for cpu_confirm, the size that ran every condition)."""
+    """Each experiment's counts in docs/results.md are its claims.csv's (for cpu_confirm, the
+    size that ran every condition): reproduced, not reproduced and mixed evidence claims, and
+    the sanity checks apart."""
     t = _claims(exp)
     sec = _section(RESULTS, exp)
-    n_ok = int((t.seeds_reproduced == t.seeds_evaluated).sum())
     n_seeds = int(t.seeds_evaluated.max())
-    if n_ok == len(t):
-        assert f"All {n_ok} claims reproduce, each in {n_seeds}/{n_seeds} seeds" in sec
+    ev, san = t[t.kind == "evidence"], t[t.kind == "sanity"]
+    n_ok = int((ev.seeds_reproduced == ev.seeds_evaluated).sum())
+    n_mixed = int(ev.verdict.str.startswith("mixed").sum())
+    n_not = len(ev) - n_ok - n_mixed
+    if n_ok == len(ev):
+        assert f"All {n_ok} evidence claims reproduce, each in {n_seeds}/{n_seeds} seeds" in sec
     else:
-        assert f"{n_ok} of the {len(t)} claims reproduce in {n_seeds}/{n_seeds} seeds" in sec
-        assert not re.search(r"\bAll \d+ claims", sec)
+        assert f"{n_ok} of the {len(ev)} evidence claims reproduce in {n_seeds}/{n_seeds} seeds" in sec
+        assert not re.search(r"\bAll \d+ (evidence )?claims", sec)
+        if n_mixed:
+            assert f"{n_not} do not, {n_mixed} {'is' if n_mixed == 1 else 'are'} mixed" in sec
+        else:
+            not_ids = " and ".join(f"({i})" for i in ev.index[ev.seeds_reproduced != ev.seeds_evaluated])
+            assert f"{not_ids} do not" in sec
+    san_ok = int((san.seeds_reproduced == san.seeds_evaluated).sum())
+    assert san_ok == len(san), f"{exp}: a sanity check fails; the page says they hold"
+    assert f"the {len(san)} sanity checks hold in {n_seeds}/{n_seeds} seeds" in sec
 
 
 def test_the_cpu_long_figures_quoted_are_the_committed_ones():
-    """docs/results.md's cpu_long section quotes results/cpu_long/claims.csv: claim (a)'s and
-    (c)'s numbers."""
+    """docs/results.md's cpu_long section quotes results/cpu_long/claims.csv: claim (a)'s,
+    (c)'s and (c-acc)'s numbers."""
     t = _claims("cpu_long")
     para = _section(RESULTS, "cpu_long")
     drift, raw, ratio = re.search(r"‖H_K‖ ([\d,.]+) vs ([\d,.]+) \(ratio ([\d,.]+)×\)", t.loc["a", "ours"]).groups()
     assert f"‖H_K‖ reaches {drift} with the RMSNorm readout" in para
     assert f"against {float(raw):.1f} raw ({float(ratio.replace(',', '')):.0f}×)" in para
-    acc = re.search(r"‖H_K‖/‖H_1‖ ([\d.]+) with inter-loop norm vs ([\d.]+) residual", t.loc["c", "ours"]).groups()
-    assert f"‖H_K‖/‖H_1‖ {acc[0]} against {acc[1]} residual" in para
+    norm, per_d, ratio = re.search(r"‖H_K‖ ([\d,.]+) \(([\d.]+)·√d\) with inter-loop norm vs [\d,.]+ without "
+                                   r"\(ratio ([\d.]+)×\)", t.loc["c", "ours"]).groups()
+    assert (f"‖H_K‖ is {float(norm):.0f} with inter-loop normalisation ({float(per_d):.1f}·√d, "
+            f"{float(ratio):.1f}× below the drifting model's") in para
+    assert t.loc["c", "verdict"].startswith("not reproduced") and "(c) not reproduced" in para
+    acc = re.search(r"‖H_K‖/‖H_1‖ ([\d.]+) with inter-loop norm vs ([\d.]+) residual", t.loc["c-acc", "ours"]).groups()
+    assert f"(c-acc, sanity) ‖H_K‖/‖H_1‖ {acc[0]} against {acc[1]} residual" in para
 
 
 # --- the claims table ------------------------------------------------------------------------
 
 MATRIX = re.compile(r"<!-- claims-matrix:begin -->\n(.*?)<!-- claims-matrix:end -->", re.S)
+MATRIX_DIR = REPO / "results" / "claims_matrix"
+README_VIEW = MATRIX_DIR / "claims_matrix_readme.md"
+SHOWN = {"cpu": ("cpu", None), "cpu_confirm: d64": ("cpu_confirm", "d64"), "cpu_long": ("cpu_long", None)}
 
 
 def _cell(verdict: str) -> str:
@@ -160,52 +191,105 @@ def expected_cell(row) -> str:
     return cell
 
 
+def matrix_tables(readme: str) -> dict[str, tuple[list[str], list[list[str]]]]:
+    """{first header cell: (header, rows)} of the tables between the README's claims-matrix markers."""
+    tables, cur = {}, None
+    for ln in MATRIX.search(readme).group(1).splitlines():
+        if not ln.startswith("|"):
+            cur = None
+            continue
+        cells = [c.strip() for c in ln.strip("|").split("|")]
+        if cur is None:
+            cur = cells[0]
+            tables[cur] = (cells, [])
+        elif not set("".join(cells)) <= set(":- "):
+            tables[cur][1].append(cells)
+    return tables
+
+
 def matrix_cells(readme: str) -> dict[tuple[str, str], str]:
-    """{(claim id, experiment): cell} of the README's claims table."""
-    table = [ln for ln in MATRIX.search(readme).group(1).splitlines() if ln.startswith("|")]
-    head = [c.strip() for c in table[0].strip("|").split("|")]
-    exps = [re.match(r"`(\w+)`", h).group(1) if re.match(r"`(\w+)`", h) else None for h in head]
+    """{(claim id, column): cell} of the README's claims tables (evidence and sanity)."""
     cells = {}
-    for ln in table[2:]:
-        row = [c.strip() for c in ln.strip("|").split("|")]
-        cid = re.search(r"\((e2|[a-z])\)", row[0]).group(1)
-        for exp, cell in zip(exps, row):
-            if exp:
-                cells[cid, exp] = cell
+    for head, rows in matrix_tables(readme).values():
+        for row in rows:
+            cid = re.match(r"\(([a-z0-9-]+)\)", row[0]).group(1)
+            for col, cell in zip(head[1:], row[1:]):
+                cells[cid, col] = cell
     return cells
 
 
-def test_the_claims_table_is_the_committed_verdicts():
-    """Every cell of the README's claims table (claim × experiment) is the verdict of that
-    experiment's claims.csv, with the verdict as first registered beside it where it differs;
-    every claim of every experiment has its cell. Once `loopscale report claims-matrix` has
-    written results/claims_matrix.md, the table is that file's."""
-    generated = REPO / "results" / "claims_matrix.md"
+def test_the_claims_table_is_the_generated_view():
+    """The README's claims table is, character for character, results/claims_matrix/
+    claims_matrix_readme.md; rerunning the command named in it on the committed claims.csv
+    files writes the committed claims_matrix.{csv,md} and that view again."""
+    from loopscale.report import claims_matrix as M
     block = MATRIX.search(README).group(1)
-    if generated.is_file():
-        rows = [ln for ln in generated.read_text().splitlines() if ln.startswith("|")]
-        assert rows and all(r in block for r in rows), "the README's claims table is not results/claims_matrix.md's"
-        return
+    assert block.strip() == README_VIEW.read_text().strip(), (
+        "the README's claims table is not results/claims_matrix/claims_matrix_readme.md: rerun the "
+        "command in its first comment with --splice README.md")
+    cmd = re.match(r"<!-- made by: loopscale report claims-matrix --results (.+?) --out (\S+) --readme (\S+) -->",
+                   block).groups()
+    dirs, out, spec = cmd[0].split(), cmd[1], cmd[2]
+    assert out == "results/claims_matrix"
+    cwd = os.getcwd()
+    try:
+        os.chdir(REPO)
+        m = M.build(dirs)
+        command = f"loopscale report claims-matrix --results {' '.join(dirs)} --out {out} --readme {spec}"
+        assert M.readme_view(m, spec, command).strip() == README_VIEW.read_text().strip()
+        assert M.markdown(m, dirs) == (MATRIX_DIR / "claims_matrix.md").read_text()
+    finally:
+        os.chdir(cwd)
+    import pandas as pd
+    committed = pd.read_csv(MATRIX_DIR / "claims_matrix.csv", dtype=str, keep_default_na=False)
+    assert committed.equals(m.astype(str).reset_index(drop=True)), "results/claims_matrix/claims_matrix.csv is stale"
+
+
+def test_the_claims_table_is_the_committed_verdicts():
+    """Independently of the generator: every cell of the README's shown columns is that
+    experiment's claims.csv verdict (with the registered one beside it where it differs),
+    evidence and sanity checks sit in their own tables, every claim of claims_matrix.csv has
+    its row, and the summary column counts the other columns' verdicts."""
+    import pandas as pd
+    tables = matrix_tables(README)
+    assert list(tables) == ["Claim (evidence)", "Sanity check (holds by construction)"]
     cells = matrix_cells(README)
-    exps = sorted({e for _, e in cells})
-    assert exps == ["cpu", "cpu_confirm", "cpu_long"]
-    for exp in exps:
-        t = _claims(exp)
-        assert sorted(t.index) == sorted(c for c, e in cells if e == exp), exp
-        for cid, row in t.iterrows():
-            assert cells[cid, exp] == expected_cell(row), (exp, cid, cells[cid, exp], expected_cell(row))
+    full = pd.read_csv(MATRIX_DIR / "claims_matrix.csv", dtype=str, keep_default_na=False).set_index("id")
+    for (head, rows), kind in zip(tables.values(), ("evidence", "sanity")):
+        ids = [re.match(r"\(([a-z0-9-]+)\)", r[0]).group(1) for r in rows]
+        assert ids == list(full.index[full.kind == kind]), kind
+        assert [c for c in head[1:] if c in SHOWN] == list(SHOWN)
+    for col, (exp, arm) in SHOWN.items():
+        t = pd.read_csv(REPO / "results" / exp / "claims.csv")
+        t = t[t.arm == arm] if arm else t
+        for _, row in t.iterrows():
+            assert cells[row.id, col] == expected_cell(row), (col, row.id, cells[row.id, col], expected_cell(row))
+    others = [c for c in full.columns if c not in ("kind", "claim", *SHOWN)]
+    summary = f"the {len(others)} other columns"
+    for cid, row in full.iterrows():
+        ran = [row[c] for c in others if row[c] != "–"]
+        if not ran:
+            assert cells[cid, summary] == "–"
+            continue
+        marks = pd.Series([c.split()[0] for c in ran]).value_counts()
+        for mark, n in marks.items():
+            assert f"{mark} in {n}" in cells[cid, summary], (cid, cells[cid, summary])
 
 
 def test_a_wrong_cell_of_the_claims_table_fails():
-    """The table check is not vacuous: a flipped verdict and a dropped 'registered' note are
-    both told apart from the committed ones."""
+    """The table checks are not vacuous: a flipped verdict and a dropped 'registered' note are
+    both told apart from the committed ones, and the generated view no longer equals the README."""
+    import pandas as pd
+    t = pd.read_csv(REPO / "results" / "cpu_confirm" / "claims.csv")
+    t = t[t.arm == "d64"].set_index("id")
     cells = matrix_cells(README)
-    t = _claims("cpu")
-    assert cells["g", "cpu"] == expected_cell(t.loc["g"])  # mixed 1/3 (registered ✗ 0/3)
-    wrong = README.replace("| mixed 1/3 (registered ✗ 0/3) |", "| ✓ 1/3 |", 1)
-    assert matrix_cells(wrong)["g", "cpu"] != expected_cell(t.loc["g"])
-    wrong = README.replace("| ✗ 0/3 | mixed 2/3 |", "| ✓ 3/3 | mixed 2/3 |", 1)
-    assert matrix_cells(wrong)["e2", "cpu"] != expected_cell(t.loc["e2"])
+    assert cells["g", "cpu_confirm: d64"] == expected_cell(t.loc["g"]) == "✓ 3/3 (registered ✗ 0/3)"
+    wrong = README.replace("| ✓ 3/3 (registered ✗ 0/3) |", "| ✓ 3/3 |", 1)
+    assert matrix_cells(wrong)["g", "cpu_confirm: d64"] != expected_cell(t.loc["g"])
+    assert MATRIX.search(wrong).group(1).strip() != README_VIEW.read_text().strip()
+    cpu = _claims("cpu")
+    wrong = README.replace("| ✗ 0/3 | mixed 2/3 | ✓ 2/2 |", "| ✓ 3/3 | mixed 2/3 | ✓ 2/2 |", 1)
+    assert wrong != README and matrix_cells(wrong)["e2", "cpu"] != expected_cell(cpu.loc["e2"])
 
 
 # --- every figure from a committed file ------------------------------------------------------
@@ -222,13 +306,14 @@ def test_a_figure_edited_to_a_wrong_value_fails(tmp_path):
     """A mutated copy of the README and of docs/results.md: each edited figure is reported,
     naming the file, line and figure; the unedited pages pass."""
     cases = [("README.md", "‖H_K‖ 382 against", "‖H_K‖ 383 against", "'383'"),
-             ("README.md", "point by 1.41×", "point by 1.51×", "'1.51'"),
+             ("README.md", "1.33× the point prediction", "1.43× the point prediction", "'1.43'"),
              ("README.md", "drift to 39,207 (44M)", "drift to 39,270 (44M)", "'39,270'"),
+             ("README.md", "only 4.5–6.3×", "only 4.5–6.4×", "'6.4'"),
              ("README.md", "(26.75 s and 27.01 s", "(26.75 s and 27.91 s", "'27.91'"),
-             ("docs/results.md", "measured 2,077 (1.41×", "measured 2,177 (1.41×", "'2,177'"),
+             ("docs/results.md", "measured 2,077 (1.33×", "measured 2,177 (1.33×", "'2,177'"),
              ("docs/results.md", "changes CE by 0.0258 nats", "changes CE by 0.0358 nats", "'0.0358'"),
              ("docs/results.md", "(−7.1% at worst)", "(+7.1% at worst)", "'+7.1%'"),
-             ("docs/results.md", "14,300–25,700 for the 44M", "14,300–25,800 for the 44M", "'25,800'")]
+             ("docs/results.md", "5,619–157,460; the paper", "5,619–157,470; the paper", "'157,470'")]
     for page, old, new, reported in cases:
         text = (REPO / page).read_text()
         assert text.count(old) == 1, (page, old)

@@ -24,7 +24,9 @@ Command line (registered in `loopscale.cli` through `add_cli`):
       rebuilds claims/choices (and dose) tables from the committed per_seed.csv + train_norms.csv,
       without the run directories
   loopscale report claims-matrix --results results/<exp> [results/<exp> ...] --out results/claims_matrix
-      writes claims_matrix.{csv,md}: every claim × experiment (and arm), ✓ k/n / ✗ / mixed k/n / –
+      writes claims_matrix.{csv,md}: every claim × experiment (and arm), ✓ k/n / ✗ / mixed k/n / –;
+      with --readme COLUMNS also claims_matrix_readme.md (those columns, the rest summarised), and
+      with --splice README.md that view between the README's claims-matrix markers
 
 A RUN_DIR is a directory holding config.json / config.yaml / summary.json / metrics.jsonl;
 any other directory given is searched recursively for such run directories, so

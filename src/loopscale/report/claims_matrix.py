@@ -11,6 +11,13 @@ directories given (one column per arm where an experiment has several). A cell i
 
 and, where the rule in force was changed after that experiment's results, the verdict of the
 rule as first registered follows when it differs: "✓ 2/2 (registered ✗ 0/2)".
+
+With `--readme COLUMNS` the command also writes claims_matrix_readme.md, a narrower view of the
+same frame for the README's first screen: only the named columns, the others summarised in one
+column ("✓ in 6 (registered ✗ in 5, mixed in 1)"), evidence and sanity checks in two tables. It
+opens with the command that made it and is meant to stand, as written, between the README's
+`<!-- claims-matrix:begin -->` and `<!-- claims-matrix:end -->` markers (`--splice README.md`
+puts it there).
 """
 from __future__ import annotations
 
@@ -129,9 +136,98 @@ def markdown(m: pd.DataFrame, sources: list) -> str:
     return "\n".join(parts)
 
 
-def write(results_dirs: list, out_dir) -> list[Path]:
+README_FILE = "claims_matrix_readme.md"
+BEGIN, END = "<!-- claims-matrix:begin -->", "<!-- claims-matrix:end -->"
+
+
+def _key(column: str) -> str:
+    return re.sub(r"\s+", "", column)
+
+
+def select_columns(m: pd.DataFrame, spec: str) -> list[str]:
+    """The matrix columns named by a comma-separated spec (spaces ignored: cpu_confirm:d64 is
+    the column "cpu_confirm: d64"), in the spec's order."""
+    cols = [c for c in m.columns if c not in ("id", "kind", "claim")]
+    by_key = {_key(c): c for c in cols}
+    wanted = [w for w in (_key(x) for x in spec.split(",")) if w]
+    if not wanted:
+        raise MatrixError("--readme: no column named (e.g. --readme cpu,cpu_confirm:d64,cpu_long)")
+    unknown = [w for w in wanted if w not in by_key]
+    if unknown:
+        raise MatrixError(f"--readme: no column {', '.join(map(repr, unknown))} in the matrix "
+                          f"(its columns: {', '.join(by_key)})")
+    if len(set(wanted)) != len(wanted):
+        raise MatrixError(f"--readme: a column named twice in {spec!r}")
+    return [by_key[w] for w in wanted]
+
+
+def _mark(c: str) -> str:
+    return c.split(" ")[0]
+
+
+def summarise(cells: list[str]) -> str:
+    """One cell for several columns: how many hold each verdict, and the registered verdicts
+    where they differ ("✓ in 6 (registered ✗ in 5, mixed in 1)"); – where none ran."""
+    ran = [c for c in cells if c != NOT_RUN_CELL]
+    if not ran:
+        return NOT_RUN_CELL
+
+    def counts(marks: list[str]) -> str:
+        return ", ".join(f"{k} in {n}" for k, n in pd.Series(marks).value_counts(sort=False).items())
+    text = counts([_mark(c) for c in ran])
+    reg = [re.search(r"\(registered (\S+)", c) for c in ran]
+    reg = [r.group(1) for r in reg if r]
+    return text + (f" (registered {counts(reg)})" if reg else "")
+
+
+def readme_view(m: pd.DataFrame, spec: str, command: str) -> str:
+    """The README's claims table: the spec's columns, the others summarised, evidence and
+    sanity checks apart, opened by the command that made it."""
+    shown = select_columns(m, spec)
+    rest = [c for c in m.columns if c not in ("id", "kind", "claim") and c not in shown]
+    header = shown + ([f"the {len(rest)} other columns" if len(rest) > 1 else rest[0]] if rest else [])
+    parts = [f"<!-- made by: {command} -->"]
+    for kind, title in (("evidence", "Claim (evidence)"), ("sanity", "Sanity check (holds by construction)")):
+        sub = m[m["kind"] == kind]
+        if not len(sub):
+            continue
+        rows = [[f"({r['id']}) {r['claim']}"] + [r[c] for c in shown]
+                + ([summarise([r[c] for c in rest])] if rest else []) for _, r in sub.iterrows()]
+        parts.append(f"<!-- figures: results/claims_matrix/{README_FILE} -->\n"
+                     + md_table([title] + header, rows, align=["l"] * (len(header) + 1)))
+    return "\n".join(parts)
+
+
+def _split(target: Path) -> tuple[str, str]:
+    """The text of a Markdown file before its begin marker and after its end marker."""
+    text = target.read_text() if target.is_file() else ""
+    if text.count(BEGIN) != 1 or text.count(END) != 1 or text.index(BEGIN) > text.index(END):
+        raise MatrixError(f"{target}: needs one {BEGIN} line followed by one {END} line")
+    head, _, rest = text.partition(BEGIN)
+    return head, rest.partition(END)[2]
+
+
+def splice(view: str, target) -> Path:
+    """Put the view between the claims-matrix markers of a Markdown file (e.g. README.md)."""
+    head, tail = _split(Path(target))
+    return atomic_write_text(Path(target), f"{head}{BEGIN}\n{view.rstrip()}\n{END}{tail}")
+
+
+def write(results_dirs: list, out_dir, readme: str | None = None, command: str = "", splice_into=None) -> list[Path]:
+    """claims_matrix.{csv,md}, with `readme` claims_matrix_readme.md, with `splice_into` that view
+    spliced into a Markdown file; bad input is refused before anything is written."""
+    if splice_into is not None and not readme:
+        raise MatrixError("--splice needs --readme COLUMNS (the view it puts there)")
     m = build(results_dirs)
+    view = readme_view(m, readme, command) if readme else None
+    if splice_into is not None:
+        _split(Path(splice_into))
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    return [atomic_write_text(out / "claims_matrix.csv", m.to_csv(index=False)),
-            atomic_write_text(out / "claims_matrix.md", markdown(m, [str(d) for d in results_dirs]))]
+    written = [atomic_write_text(out / "claims_matrix.csv", m.to_csv(index=False)),
+               atomic_write_text(out / "claims_matrix.md", markdown(m, [str(d) for d in results_dirs]))]
+    if view is not None:
+        written.append(atomic_write_text(out / README_FILE, view))
+    if splice_into is not None:
+        written.append(splice(view, splice_into))
+    return written

@@ -148,8 +148,11 @@ def cmd_claims(args) -> int:
 
 def cmd_claims_matrix(args) -> int:
     from . import claims_matrix
+    command = " ".join(["loopscale report claims-matrix --results", *map(str, args.results), "--out", str(args.out)]
+                       + (["--readme", args.readme] if args.readme else []))
     try:
-        written = claims_matrix.write(args.results, args.out)
+        written = claims_matrix.write(args.results, args.out, readme=args.readme, command=command,
+                                      splice_into=args.splice)
     except claims_matrix.MatrixError as e:
         print(f"loopscale report claims-matrix: {e}", file=sys.stderr)
         return 2
@@ -276,6 +279,12 @@ def add_cli(subparsers) -> None:
     q.add_argument("--results", nargs="+", required=True, metavar="RESULTS_DIR",
                    help="results directories holding claims.csv (e.g. results/cpu results/cpu_confirm)")
     q.add_argument("--out", required=True, help="output directory, e.g. results/claims_matrix")
+    q.add_argument("--readme", default=None, metavar="COLUMNS",
+                   help="also write claims_matrix_readme.md: only these columns (comma-separated, spaces ignored, "
+                        "e.g. cpu,cpu_confirm:d64,cpu_long), the others summarised in one; evidence and sanity apart")
+    q.add_argument("--splice", default=None, metavar="FILE",
+                   help="with --readme: put the view between FILE's <!-- claims-matrix:begin/end --> markers "
+                        "(e.g. README.md)")
     q.set_defaults(func=cmd_claims_matrix)
 
 
