@@ -65,6 +65,18 @@ class LoopscaleConfig(PreTrainedConfig):
         super().__init__(**kwargs)
 
     @classmethod
+    def get_config_dict(cls, pretrained_model_name_or_path, **kwargs):
+        """A run directory's config.json must be there as a regular file (transformers alone
+        would skip a FIFO or a directory there and hand back a default config)."""
+        path = Path(str(pretrained_model_name_or_path))
+        if path.is_dir():
+            from .runfiles import check_regular
+            check_regular(path / "config.json", "Hugging Face config")
+            if not (path / "config.json").is_file():
+                raise FileNotFoundError(f"{path / 'config.json'} not found: {path} is not a Hugging Face model directory")
+        return super().get_config_dict(pretrained_model_name_or_path, **kwargs)
+
+    @classmethod
     def _dict_from_json_file(cls, json_file):
         """config.json read as loopscale reads a run's JSON files (runfiles.read_json): a
         regular file, bounded in size and nesting; each refusal one line."""

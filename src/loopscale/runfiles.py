@@ -42,9 +42,13 @@ def check_regular(path: Path, what: str) -> None:
 
 
 def check_run_dir(run: Path) -> None:
-    """Every file a loader of the run reads is a regular file of bounded size (one line)."""
+    """Every file a loader of the run reads is a regular file of bounded size, and every JSON
+    file among them parses (not nested beyond the parser), before a loader reads it (one line)."""
     for name, what in RUN_FILES.items():
         check_regular(run / name, what)
+    for name in JSON_FILES:
+        if (run / name).exists():
+            read_json(run / name, RUN_FILES[name])
 
 
 def read_json(path: Path, what: str):
