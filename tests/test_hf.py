@@ -304,9 +304,83 @@ m = AutoModelForCausalLM.from_pretrained({str(run)!r}, trust_remote_code=True)
 assert type(m).__name__ == "LoopscaleForCausalLM"
 try:
     AutoModelForCausalLM.from_pretrained({str(run)!r})
+    raise SystemExit("loaded without trust_remote_code")
 except ValueError as e:
     assert "trust_remote_code" in str(e)
 print("ok")
 """
-    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr[-2000:]
+    # (transformers asks on stdin whether to run the remote code: no answer, so it refuses)
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-2000:]  # after the question
+
+
+def _bundled_sources(path):
+    """{module: source} carried by a run's modeling_loopscale.py (read without running it)."""
+    import ast
+    tree = ast.parse(path.read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.Assign) and n.targets[0].id == "_SOURCES")
+    return {k: "\n".join(v) for k, v in ast.literal_eval(node.value).items()}
+
+
+def test_modeling_file_is_self_contained_and_generated_from_the_package(run):
+    """The run's modeling_loopscale.py imports no loopscale and names no sibling file (transformers'
+    own import scan), and carries the package's source files verbatim: hf.py and what it imports."""
+    from pathlib import Path
+
+    from transformers.dynamic_module_utils import get_imports, get_relative_imports
+    path = run / "modeling_loopscale.py"
+    assert "loopscale" not in get_imports(path) and get_relative_imports(path) == []
+    sources = _bundled_sources(path)
+    pkg = Path(loopscale.__file__).parent
+    assert {"hf", "model", "artifacts", "config", "generate"} <= set(sources)
+    for name, text in sources.items():
+        assert text == (pkg / f"{name}.py").read_text(), name
+    # every sibling module a bundled module imports at its top level is bundled too
+    from loopscale.remote import _top_level_imports
+    for name, text in sources.items():
+        assert _top_level_imports(text) <= set(sources), name
+
+
+@pytest.mark.slow  # a fresh Python process importing transformers (tens of seconds on 2 cores)
+def test_remote_code_loads_without_loopscale(run, tmp_path):
+    """trust_remote_code=True in a Python where loopscale cannot be imported (no site processing,
+    so no editable-install hook, and an import blocker): logits and greedy tokens equal loopscale's."""
+    import site
+    out = tmp_path / "out.pt"
+    code = f"""
+import importlib.abc, sys
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == "loopscale" or name.startswith("loopscale."):
+            raise ModuleNotFoundError("No module named " + repr(name))
+sys.meta_path.insert(0, Block())
+sys.path.extend({site.getsitepackages()!r})
+try:
+    import loopscale
+    raise SystemExit("loopscale is importable")
+except ModuleNotFoundError:
+    pass
+import torch
+from transformers import AutoModelForCausalLM
+m = AutoModelForCausalLM.from_pretrained({str(run)!r}, trust_remote_code=True)
+ids = torch.tensor([{list(range(5, 25))!r}])
+torch.save({{"logits": m(ids).logits, "deep": m(ids, n_loops=5).logits,
+            "gen": m.generate(ids, max_new_tokens=30, do_sample=False)}}, {str(out)!r})
+assert not any(k == "loopscale" or k.startswith("loopscale.") for k in sys.modules)
+print(type(m).__module__)
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
+    env.update(HF_HOME=str(tmp_path / "hf"), HF_HUB_OFFLINE="1", TRANSFORMERS_VERBOSITY="error")
+    r = subprocess.run([sys.executable, "-S", "-c", code], env=env, cwd=tmp_path, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.strip().startswith("_loopscale_") and r.stdout.strip().endswith(".hf")
+    got = torch.load(out)
+    lm, _, _ = loopscale.load(run)
+    ids = torch.tensor([list(range(5, 25))])
+    model = AutoModelForCausalLM.from_pretrained(run)
+    with torch.no_grad():
+        torch.testing.assert_close(got["logits"], lm.logits(lm(ids)[-1]), rtol=0, atol=0)
+        torch.testing.assert_close(got["deep"], lm.logits(lm(ids, n_loops=5)[-1]), rtol=0, atol=0)
+    assert got["gen"].tolist() == model.generate(ids, max_new_tokens=30, do_sample=False).tolist()
