@@ -9,23 +9,40 @@ lm-eval 0.4's own `lm_eval` command discovers no plugins (its models are a fixed
 `lm_eval.models`), so `loopscale-lm-eval` is that command with this module imported first:
 every `lm_eval` option works as documented there.
 
-Model args (`--model_args key=value,...`):
+Model args (`--model_args key=value,...`; any other key is refused, with a did-you-mean):
 
   run        the run directory (`loopscale.load(run)`: model.safetensors, config.json,
              tokenizer.json); required
-  loops      depth k, any k >= 1, also beyond the K of training (default K); every request is
-             scored after loop k with the final readout, `model.logits(model(x, n_loops=k)[-1])`
+  loops      depth k in [1, 10000] (artifacts.LIMITS), also beyond the K of training (default
+             K); every request is scored after loop k with the final readout,
+             `model.logits(model(x, n_loops=k)[-1])`
   halting    max_prob | margin | entropy: per-token early exit. A token's log-probabilities come
              from the first exit j < k whose confidence reaches the threshold (the exit readout
              the model was trained with), else from exit k. As in `loopscale eval halting`'s
              token policy this is post hoc in scoring (every loop runs); `generate_until` halts
              for real (`loopscale.generate`, KV cache, halted tokens copied forward)
-  threshold  τ of the halting policy (default: the per-token threshold `loopscale eval halting`
-             calibrated for the run, RUN/eval/halting.json)
+  threshold  τ of the halting policy, a finite number (default: the per-token threshold
+             `loopscale eval halting` calibrated for the run, RUN/eval/halting.json)
   device     cpu (default), cuda, cuda:1, ...
-  batch_size requests scored per forward pass (default 8)
+  batch_size requests scored per forward pass (default 8). device and batch_size given here win
+             over lm-eval's own --device/--batch_size (which it passes beside the model args)
   max_length context window in tokens (default: the model's seq_len, its learned positions)
   max_gen_toks  tokens `generate_until` produces at most (default 256; gen_kwargs may set it)
+  prefix_token_id  the token a document's first token is conditioned on (default: the
+             document separator, below); `prefix_token_id=1` (<bos>) scores as lm-eval's `hf`
+             model type does by default
+
+Depths in one run: `loopscale-lm-eval ... --loops 1,2,3,4` evaluates each depth in turn (the
+model arg `loops=k`; `n_loops=k` for `--model hf` on a run directory) and prints one table, and
+writes one results file, with the tasks named TASK@k=K.
+
+`--model hf` and `--model loopscale`. lm-eval's `hf` model type loads a run directory too
+(`pretrained=RUN,trust_remote_code=True,n_loops=k`) and gives the same log-likelihoods but for
+one token per document: it conditions a document's first token (an empty context, the first
+window of a rolling request) on the tokenizer's `<bos>`, which never occurs in training, where
+`loopscale` uses the document separator (below). `--model hf` with `prefix_token_id=<the
+separator's id>`, or `--model loopscale` with `prefix_token_id=<bos id>`, makes them equal
+(tests/test_harness.py).
 
 Tokens. The run's own tokenizer splits text as the paper's word-level regex does (a run of
 whitespace is a token of its own). A (context, continuation) pair is encoded as lm-eval's
@@ -331,6 +348,10 @@ def over_depths(evaluate, depths: list[int]):
                 if isinstance(res.get(field), dict):
                     res[field] = {rename(t): ([rename(x) for x in v] if field == "group_subtasks" else v)
                                   for t, v in res[field].items()}
+            for field in ("results", "groups"):  # the names lm-eval's table prints
+                for t, v in (res.get(field) or {}).items():
+                    if isinstance(v, dict):
+                        v["alias"] = rename(v["alias"]) if isinstance(v.get("alias"), str) else t
             if merged is None:
                 merged = res
                 continue
@@ -349,6 +370,7 @@ def main(argv: Optional[list[str]] = None) -> None:
 
     import lm_eval
     from lm_eval.__main__ import cli_evaluate
+    saved_argv, saved_evaluate = sys.argv, lm_eval.simple_evaluate
     if argv is not None:
         sys.argv = [sys.argv[0], *argv]
     try:
@@ -358,12 +380,14 @@ def main(argv: Optional[list[str]] = None) -> None:
                 value = a.split("=", 1)[1] if "=" in a else (args[i + 1] if i + 1 < len(args) else "")
                 del args[i:i + (1 if "=" in a else 2)]
                 sys.argv = [sys.argv[0], *args]
-                lm_eval.simple_evaluate = over_depths(lm_eval.simple_evaluate, parse_depths(value))
+                lm_eval.simple_evaluate = over_depths(saved_evaluate, parse_depths(value))
                 break
         cli_evaluate()
     except (ConfigError, CheckpointError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    finally:
+        sys.argv, lm_eval.simple_evaluate = saved_argv, saved_evaluate
 
 
 if __name__ == "__main__":

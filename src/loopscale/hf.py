@@ -18,7 +18,22 @@ Generation (`model.generate`, the pipeline) uses loopscale's KV cache (`Loopscal
 one of `loopscale generate`: a cache per (loop, layer)) and the same context window: when a
 new token would sit at position seq_len, the last seq_len/2 tokens are re-encoded from
 position 0. So greedy ids equal `loopscale generate`'s. Without the cache, an input longer
-than seq_len is refused (one line); padding (an attention mask with zeros) is refused too.
+than seq_len is refused (one line).
+
+  halting     `model.generate(ids, halt="margin", threshold=τ)`: the per-token early exit of
+              `loopscale generate --halt POLICY [--threshold τ]` (τ defaults to the run's
+              calibrated RUN/eval/halting.json); the tokens equal the command's.
+  padding     an attention mask with zeros (left- or right-padded batches, the batched
+              text-generation pipeline): each row is computed on its attended ids alone, so
+              every row's tokens equal those of its prompt generated alone.
+  per loop    `output_hidden_states=True`: hidden_states = (E, H_1, ..., H_n) and
+              exit_logits = (z_1, ..., z_n), each loop's exit read out as trained.
+
+Loading refuses (one line) a config.json that differs from what loopscale writes for the
+run's record and tokenizer (every key, aliases included), and any loading-time override but
+the depth `n_loops` (readout, seq_len, ...: the weights cannot honour them). save_pretrained
+refuses a directory that already holds a run unless overwrite=True. The run's
+modeling_loopscale.py is self-contained (loopscale.remote): transformers alone loads it.
 """
 from __future__ import annotations
 
