@@ -210,7 +210,7 @@ def test_generate_until_is_loopscale_generate_cut_at_the_stop_string(run):
 
 @pytest.mark.parametrize("args, message", [
     ("", "run=RUN is required"),
-    ("loops=0", "loops: must be >= 1"),
+    ("loops=0", "loops: must be in \\[1, "),
     ("loops=two", "loops: expected an integer"),
     ("halting=sometimes", "unknown policy 'sometimes'"),
     ("threshold=0.5", "threshold needs halting"),
@@ -337,3 +337,56 @@ def test_ouro_downstream_bad_input_is_one_line(run, tasks, tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "no_such_task" in err
     assert not (tmp_path / "d.json").exists()
+
+
+def _bits_per_byte(tasks, model, model_args):
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    import loopscale.harness  # noqa: F401
+    out = lm_eval.simple_evaluate(model=model, model_args=model_args, tasks=["ls_ppl"], device="cpu",
+                                  task_manager=TaskManager(include_path=str(tasks)))
+    return out["results"]["ls_ppl"]["bits_per_byte,none"]
+
+
+def test_the_hf_and_loopscale_model_types_differ_only_in_the_documented_first_token(run, tasks, tmp_path):
+    """`--model hf` conditions a document's first token on the tokenizer's <bos>; `--model
+    loopscale` on the document separator "\\n\\n" that precedes every document in training (the
+    module docstring). With the other's prefix_token_id each equals the other, at K and at 1."""
+    import shutil
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    model, tok, cfg = loopscale.load(run)
+    sep, bos = _separator(tok), tok.token_to_id("<bos>")
+    assert sep != bos
+    hf = f"pretrained={copy},trust_remote_code=True,dtype=float32"
+    for k in (cfg.model.n_loops, 1):
+        ours = _bits_per_byte(tasks, "loopscale", f"run={run},loops={k}")
+        theirs = _bits_per_byte(tasks, "hf", f"{hf},n_loops={k}")
+        assert ours != pytest.approx(theirs, rel=1e-6)  # the documented difference
+        assert _bits_per_byte(tasks, "hf", f"{hf},n_loops={k},prefix_token_id={sep}") == pytest.approx(ours, rel=1e-6)
+        assert _bits_per_byte(tasks, "loopscale", f"run={run},loops={k},prefix_token_id={bos}") == \
+            pytest.approx(theirs, rel=1e-6)
+
+
+def test_one_invocation_evaluates_a_list_of_depths_into_one_table(run, tasks, tmp_path, capsys):
+    """`loopscale-lm-eval --loops 1,3,7`: one table and one results file, task `ls_ppl@k=K` per
+    depth, each equal to the hand computation at that depth."""
+    from loopscale.harness import main
+    out = tmp_path / "out"
+    main(["--model", "loopscale", "--model_args", f"run={run}", "--tasks", "ls_ppl", "--include_path", str(tasks),
+          "--loops", "1,3,7", "--output_path", str(out)])
+    table = capsys.readouterr().out
+    files = list(out.rglob("results_*.json"))
+    assert len(files) == 1
+    res = json.loads(files[0].read_text())
+    assert sorted(res["results"]) == ["ls_ppl@k=1", "ls_ppl@k=3", "ls_ppl@k=7"]
+    for k in (1, 3, 7):
+        assert res["results"][f"ls_ppl@k={k}"]["word_perplexity,none"] == pytest.approx(
+            _hand(run, k)["word_perplexity"], rel=1e-5)
+        assert f"ls_ppl@k={k}" in table
+    import lm_eval
+    assert "over_depths" not in lm_eval.simple_evaluate.__qualname__  # restored after the command
+    with pytest.raises(SystemExit) as e:
+        main(["--model", "loopscale", "--model_args", f"run={run}", "--tasks", "ls_ppl", "--loops", "1,0"])
+    assert e.value.code == 2

@@ -44,7 +44,7 @@ from typing import Optional
 import torch
 
 from .config import ConfigError
-from .halting import POLICIES, confidences
+from .exits import POLICIES, confidences
 from .model import KVCache, LoopedLM
 
 
@@ -96,17 +96,20 @@ class Decoder:
             x = model.feed(h, k)
         return model.logits(h[:, -1], final=True, k=n).float()[0], n
 
-    def states(self, ids: torch.Tensor) -> torch.Tensor:
+    def states(self, ids: torch.Tensor, every_loop: bool = False):
         """Encode the new ids [B, T] after the cached ones at full depth; return the state
-        after the last loop, H_n [B, T, d] (read it out with `model.logits(h, final=True)`)."""
+        after the last loop, H_n [B, T, d] (read it out with `model.logits(h, final=True)`),
+        or with `every_loop` the list [E, H_1, ..., H_n] (E: the input of loop 1)."""
         model = self.model
         x = model.embed(ids, start=self.pos)
         self.pos += ids.shape[1]
+        out = [x]
         for k in range(1, self.n_loops + 1):
             h = model.loop(x, self.caches[k - 1])
+            out.append(h)
             if k < self.n_loops:
                 x = model.feed(h, k)
-        return h
+        return out if every_loop else h
 
     def _copy_forward(self, k: int) -> None:
         """The token that halted after loop k: its loop-k keys/values stand in at loops k+1..n."""

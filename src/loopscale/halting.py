@@ -45,7 +45,7 @@ from . import data as D
 from .evaluate import EvalRun, batches, windows
 from .runtime import ppl, sync
 
-POLICIES = ("max_prob", "margin", "entropy")
+from .exits import POLICIES, confidences  # noqa: E402,F401  (decoding needs them without the data pipeline)
 GRANULARITIES = ("sequence", "token")
 N_QUANTILES = 201
 # the paper's protocol: its policy names and the official scripts' default threshold counts
@@ -69,16 +69,6 @@ def exit_token_stats(model, h: torch.Tensor, y: torch.Tensor, final: bool,
         for p, c in confidences(z, lse).items():
             confs[p].append(c)
     return torch.cat(ces), {k: torch.cat(v) for k, v in confs.items()}
-
-
-def confidences(z: torch.Tensor, lse: torch.Tensor | None = None) -> dict:
-    """The three confidence scores of float logits z [N, V] (lse: their logsumexp, if known)."""
-    lse = torch.logsumexp(z, dim=-1) if lse is None else lse
-    top = z.topk(2, dim=-1).values
-    logp = z - lse[:, None]
-    ent = -(torch.exp(logp) * logp).sum(-1)  # H = −Σ p·log p (not lse − Σ p·z: that cancels to < 0 when p is one-hot)
-    return {"max_prob": torch.exp(top[:, 0] - lse), "margin": top[:, 0] - top[:, 1],
-            "entropy": 1.0 - ent / math.log(z.shape[-1])}
 
 
 @torch.inference_mode()

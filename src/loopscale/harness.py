@@ -9,23 +9,40 @@ lm-eval 0.4's own `lm_eval` command discovers no plugins (its models are a fixed
 `lm_eval.models`), so `loopscale-lm-eval` is that command with this module imported first:
 every `lm_eval` option works as documented there.
 
-Model args (`--model_args key=value,...`):
+Model args (`--model_args key=value,...`; any other key is refused, with a did-you-mean):
 
   run        the run directory (`loopscale.load(run)`: model.safetensors, config.json,
              tokenizer.json); required
-  loops      depth k, any k >= 1, also beyond the K of training (default K); every request is
-             scored after loop k with the final readout, `model.logits(model(x, n_loops=k)[-1])`
+  loops      depth k in [1, 10000] (artifacts.LIMITS), also beyond the K of training (default
+             K); every request is scored after loop k with the final readout,
+             `model.logits(model(x, n_loops=k)[-1])`
   halting    max_prob | margin | entropy: per-token early exit. A token's log-probabilities come
              from the first exit j < k whose confidence reaches the threshold (the exit readout
              the model was trained with), else from exit k. As in `loopscale eval halting`'s
              token policy this is post hoc in scoring (every loop runs); `generate_until` halts
              for real (`loopscale.generate`, KV cache, halted tokens copied forward)
-  threshold  τ of the halting policy (default: the per-token threshold `loopscale eval halting`
-             calibrated for the run, RUN/eval/halting.json)
+  threshold  τ of the halting policy, a finite number (default: the per-token threshold
+             `loopscale eval halting` calibrated for the run, RUN/eval/halting.json)
   device     cpu (default), cuda, cuda:1, ...
-  batch_size requests scored per forward pass (default 8)
+  batch_size requests scored per forward pass (default 8). device and batch_size given here win
+             over lm-eval's own --device/--batch_size (which it passes beside the model args)
   max_length context window in tokens (default: the model's seq_len, its learned positions)
   max_gen_toks  tokens `generate_until` produces at most (default 256; gen_kwargs may set it)
+  prefix_token_id  the token a document's first token is conditioned on (default: the
+             document separator, below); `prefix_token_id=1` (<bos>) scores as lm-eval's `hf`
+             model type does by default
+
+Depths in one run: `loopscale-lm-eval ... --loops 1,2,3,4` evaluates each depth in turn (the
+model arg `loops=k`; `n_loops=k` for `--model hf` on a run directory) and prints one table, and
+writes one results file, with the tasks named TASK@k=K.
+
+`--model hf` and `--model loopscale`. lm-eval's `hf` model type loads a run directory too
+(`pretrained=RUN,trust_remote_code=True,n_loops=k`) and gives the same log-likelihoods but for
+one token per document: it conditions a document's first token (an empty context, the first
+window of a rolling request) on the tokenizer's `<bos>`, which never occurs in training, where
+`loopscale` uses the document separator (below). `--model hf` with `prefix_token_id=<the
+separator's id>`, or `--model loopscale` with `prefix_token_id=<bos id>`, makes them equal
+(tests/test_harness.py).
 
 Tokens. The run's own tokenizer splits text as the paper's word-level regex does (a run of
 whitespace is a token of its own). A (context, continuation) pair is encoded as lm-eval's
@@ -62,67 +79,120 @@ except ImportError as e:  # the optional extra
 
 from .config import ConfigError
 from .data import DOC_SEPARATOR
-from .halting import POLICIES, confidences
+from .exits import POLICIES, confidences
 from .io import CheckpointError
 
 __all__ = ["LoopscaleLM", "main"]
 log = logging.getLogger(__name__)
 
 
-def _int_arg(name: str, value, minimum: int) -> int:
+def _int_arg(name: str, value, minimum: int, maximum: Optional[int] = None) -> int:
+    """An integer model arg in [minimum, maximum] (config.Range, the project's limits)."""
+    from .config import Range
+    allowed = Range(minimum, math.inf if maximum is None else maximum)
+    if isinstance(value, bool):
+        raise ConfigError(f"--model_args {name}: expected an integer, got {value!r}")
     try:
-        v = int(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"--model_args {name}: expected an integer, got {value!r}") from None
-    if v < minimum:
-        raise ConfigError(f"--model_args {name}: must be >= {minimum}, got {v}")
+        v = int(value) if not isinstance(value, float) or value.is_integer() else None
+    except (TypeError, ValueError, OverflowError):
+        v = None
+    if v is None:
+        raise ConfigError(f"--model_args {name}: expected an integer, got {value!r}")
+    if v not in allowed:
+        raise ConfigError(f"--model_args {name}: must be {allowed}, got {v}")
     return v
+
+
+def _float_arg(name: str, value) -> float:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"--model_args {name}: expected a number, got {value!r}") from None
+    if not math.isfinite(v):
+        raise ConfigError(f"--model_args {name}: must be a finite number, got {value!r}")
+    return v
+
+
+# the model args LoopscaleLM takes (module docstring); anything else is refused with a did-you-mean
+MODEL_ARGS = ("run", "loops", "halting", "threshold", "device", "batch_size", "max_batch_size", "max_length",
+              "max_gen_toks", "prefix_token_id")
+
+
+def _merge_args(args: dict, additional: Optional[dict]) -> dict:
+    """lm-eval's command line adds batch_size, max_batch_size and device (its own defaults
+    included) beside --model_args: a key given in --model_args wins, instead of lm-eval's
+    `got multiple values for keyword argument`."""
+    extra = {k: v for k, v in (additional or {}).items() if v is not None and k not in args}
+    return {**args, **extra}
 
 
 @register_model("loopscale")
 class LoopscaleLM(LM):
     """A loopscale run directory as an lm-eval LM (loglikelihood, rolling, generate_until)."""
 
+    @classmethod
+    def create_from_arg_string(cls, arg_string: str, additional_config: Optional[dict] = None):
+        from lm_eval.utils import simple_parse_args_string
+        return cls(**_merge_args(simple_parse_args_string(arg_string), additional_config))
+
+    @classmethod
+    def create_from_arg_obj(cls, arg_dict: dict, additional_config: Optional[dict] = None):
+        return cls(**_merge_args(dict(arg_dict), additional_config))
+
     def __init__(self, run: Optional[str] = None, loops=None, halting: Optional[str] = None,
-                 threshold=None, device: str = "cpu", batch_size=8, max_length=None,
-                 max_gen_toks=256, **unused):
+                 threshold=None, device: str = "cpu", batch_size=8, max_batch_size=None, max_length=None,
+                 max_gen_toks=256, prefix_token_id=None, **unknown):
         super().__init__()
-        from .artifacts import load
+        from .artifacts import LIMITS, load
         from .generate import run_threshold
+        from .runfiles import check_run_dir
+        if unknown:
+            import difflib
+            key = sorted(unknown)[0]
+            near = difflib.get_close_matches(key, MODEL_ARGS, n=1)
+            hint = f" (did you mean {near[0]}?)" if near else ""
+            raise ConfigError(f"--model_args {key}: unknown model arg of the loopscale model type{hint}; "
+                              f"it takes {', '.join(MODEL_ARGS)}")
         if not run:
             raise ConfigError("--model_args run=RUN is required (a trained run directory)")
         self.run = Path(run)
-        device = device or "cpu"
-        if str(device).startswith("cuda") and not torch.cuda.is_available():
-            log.warning("device %s requested but CUDA is not available: using cpu", device)
-            device = "cpu"  # lm_eval's command line defaults to cuda, as its `hf` model falls back
-        self.model, self.tokenizer, self.cfg = load(self.run, device=device)
-        self._device = torch.device(device)
-        K = self.cfg.model.n_loops
-        self.loops = K if loops in (None, "") else _int_arg("loops", loops, 1)
+        # every argument first (one line each), then the run
+        self.loops = None if loops in (None, "") else _int_arg("loops", loops, 1, LIMITS["n_loops"])
         if halting in ("", "none", "None"):
             halting = None
         if halting is not None and halting not in POLICIES:
             raise ConfigError(f"--model_args halting: unknown policy {halting!r}; choose one of {', '.join(POLICIES)}")
         if threshold not in (None, "") and halting is None:
             raise ConfigError("--model_args threshold needs halting=POLICY")
+        threshold = None if threshold in (None, "") else _float_arg("threshold", threshold)
+        bs = str(batch_size).split(":")[0] if batch_size not in (None, "") else "auto"
+        self.batch_size = 8 if bs == "auto" else _int_arg("batch_size", bs, 1)
+        self.max_gen_toks = _int_arg("max_gen_toks", max_gen_toks, 1)
+        device = device or "cpu"
+        if str(device).startswith("cuda") and not torch.cuda.is_available():
+            log.warning("device %s requested but CUDA is not available: using cpu", device)
+            device = "cpu"  # lm_eval's command line defaults to cuda, as its `hf` model falls back
+        if self.run.is_dir():
+            check_run_dir(self.run)
+        self.model, self.tokenizer, self.cfg = load(self.run, device=device)
+        self._device = torch.device(device)
+        K = self.cfg.model.n_loops
+        self.loops = K if self.loops is None else self.loops
         self.halting = halting
         self.threshold = None
         if halting is not None:
-            self.threshold = (float(threshold) if threshold not in (None, "")
-                              else run_threshold(self.run, halting))
-        bs = 8 if batch_size in (None, "", "auto") else str(batch_size).split(":")[0]
-        self.batch_size = _int_arg("batch_size", 8 if bs == "auto" else bs, 1)
+            self.threshold = threshold if threshold is not None else run_threshold(self.run, halting, self.cfg)
         seq = self.cfg.model.seq_len
         self.max_length = seq if max_length in (None, "") else _int_arg("max_length", max_length, 1)
         if self.max_length > seq:
             raise ConfigError(f"--model_args max_length: {self.max_length} exceeds the model's seq_len {seq}")
-        self.max_gen_toks = _int_arg("max_gen_toks", max_gen_toks, 1)
         vocab = self.tokenizer.get_vocab(with_added_tokens=True)
         # a document starts after the token the training stream puts between rows/documents: the
         # separator's one token (in the paper's stream the row boundary is <unk>, so that), else <eos>
         sep = self.tok_encode(DOC_SEPARATOR)
         self.prefix_id = sep[0] if len(sep) == 1 else vocab.get("<eos>", 0)
+        if prefix_token_id not in (None, ""):  # as lm-eval's `hf` model: e.g. the tokenizer's <bos>
+            self.prefix_id = _int_arg("prefix_token_id", prefix_token_id, 0, self.cfg.model.vocab_size - 1)
 
     # -- tokens ------------------------------------------------------------------
     @property
@@ -240,15 +310,84 @@ class LoopscaleLM(LM):
                 else self.threshold}
 
 
-def main() -> None:
-    """`loopscale-lm-eval`: lm-eval's command line with the `loopscale` model type registered."""
+def parse_depths(text: str) -> list[int]:
+    """`--loops 1,2,3,4`: distinct depths, each in [1, LIMITS n_loops] (one line otherwise)."""
+    from .artifacts import LIMITS
+    parts = [p.strip() for p in str(text).split(",")]
+    if not parts or any(not p for p in parts):
+        raise ConfigError(f"--loops: expected a comma-separated list of depths such as 1,2,3,4, got {text!r}")
+    depths = [_int_arg("loops", p, 1, LIMITS["n_loops"]) for p in parts]
+    if len(set(depths)) != len(depths):
+        raise ConfigError(f"--loops: {text!r} names a depth twice")
+    return depths
+
+
+# the per-task keys of lm-eval's results dict that are renamed per depth (one table, one file)
+_TASK_KEYED = ("results", "groups", "group_subtasks", "configs", "versions", "n-shot", "higher_is_better",
+               "n-samples", "samples")
+
+
+def over_depths(evaluate, depths: list[int]):
+    """`simple_evaluate` run once per depth: the model arg `loops=k` (`n_loops=k` for lm-eval's
+    `hf` model type on a run directory) set in turn, the results merged under task names
+    "TASK@k=K" so that lm-eval prints one table and writes one results file."""
+    def run(*args, model="hf", model_args=None, **kwargs):
+        key = "loops" if model == "loopscale" else "n_loops"
+        merged = None
+        for k in depths:
+            if isinstance(model_args, dict) or model_args is None:
+                margs = {**(model_args or {}), key: k}
+            else:
+                kept = [a for a in str(model_args).split(",") if a and a.split("=", 1)[0].strip() != key]
+                margs = ",".join(kept + [f"{key}={k}"])
+            res = evaluate(*args, model=model, model_args=margs, **kwargs)
+            if res is None:  # a non-zero rank of a distributed run
+                return None
+            rename = lambda name, k=k: f"{name}@k={k}"  # noqa: E731
+            for field in _TASK_KEYED:
+                if isinstance(res.get(field), dict):
+                    res[field] = {rename(t): ([rename(x) for x in v] if field == "group_subtasks" else v)
+                                  for t, v in res[field].items()}
+            for field in ("results", "groups"):  # the names lm-eval's table prints
+                for t, v in (res.get(field) or {}).items():
+                    if isinstance(v, dict):
+                        v["alias"] = rename(v["alias"]) if isinstance(v.get("alias"), str) else t
+            if merged is None:
+                merged = res
+                continue
+            for field in _TASK_KEYED:
+                if isinstance(res.get(field), dict):
+                    merged.setdefault(field, {}).update(res[field])
+        merged.setdefault("config", {})["loops"] = list(depths)
+        return merged
+    return run
+
+
+def main(argv: Optional[list[str]] = None) -> None:
+    """`loopscale-lm-eval`: lm-eval's command line with the `loopscale` model type registered,
+    and `--loops 1,2,3,4`: evaluate each depth in turn into one table (and one results file)."""
     import sys
+
+    import lm_eval
     from lm_eval.__main__ import cli_evaluate
+    saved_argv, saved_evaluate = sys.argv, lm_eval.simple_evaluate
+    if argv is not None:
+        sys.argv = [sys.argv[0], *argv]
     try:
+        args = sys.argv[1:]
+        for i, a in enumerate(args):
+            if a == "--loops" or a.startswith("--loops="):
+                value = a.split("=", 1)[1] if "=" in a else (args[i + 1] if i + 1 < len(args) else "")
+                del args[i:i + (1 if "=" in a else 2)]
+                sys.argv = [sys.argv[0], *args]
+                lm_eval.simple_evaluate = over_depths(saved_evaluate, parse_depths(value))
+                break
         cli_evaluate()
     except (ConfigError, CheckpointError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
+    finally:
+        sys.argv, lm_eval.simple_evaluate = saved_argv, saved_evaluate
 
 
 if __name__ == "__main__":
