@@ -45,6 +45,7 @@ from .config import ModelConfig, RunConfig
 from .io import CheckpointError, atomic_write_bytes, atomic_write_json, atomic_write_text, weights_sha256
 from .model import LoopedLM
 from .ouro import OuroLM
+from .runfiles import FLOAT_DTYPES, INT_DTYPES, read_json, read_safetensors_header
 
 WEIGHTS = "model.safetensors"
 RECORD = "loopscale.json"  # the run record (config, env, data); config.json before this layout
@@ -63,14 +64,6 @@ ROLES = {"pad_token": ("<pad>", "[PAD]", "<|pad|>"),
 # d2048, 20 layers, K=4); a hostile config.json is refused before anything is allocated
 # (the model rows of config.LIMITS, the one table of limits)
 LIMITS = {k: SIZE_LIMITS[k] for k in ("vocab_size", "d_model", "d_ff", "seq_len", "n_layers", "n_heads", "n_loops")}
-MAX_HEADER_BYTES = 100 * 2**20  # a safetensors header of a loopscale model is a few kB
-FLOAT_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32, "F64": torch.float64}
-# integer and bool tensors a model may hold as buffers (the alpha readout's EMA step count,
-# TaperNorm's calibration flag); a weight must be float: check_header compares each key's
-# dtype with the model's own
-INT_DTYPES = {"I64": torch.int64, "BOOL": torch.bool}
-DTYPE_BYTES = {"F16": 2, "BF16": 2, "F32": 4, "F64": 8, "I8": 1, "U8": 1, "BOOL": 1, "I16": 2, "U16": 2,
-               "I32": 4, "U32": 4, "I64": 8, "U64": 8, "F8_E4M3": 1, "F8_E5M2": 1}
 # model architectures a run record may name (`arch`, default "looped": loopscale.model.LoopedLM)
 ARCHS = {"looped": LoopedLM, "ouro": OuroLM}  # model.arch
 
@@ -258,24 +251,6 @@ def export_run(run_dir: str | Path, data_dir: Optional[str | Path] = None) -> li
 # ---------------------------------------------------------------------------
 # reading: every check is one CheckpointError line
 # ---------------------------------------------------------------------------
-def read_json_file(path: Path, what: str) -> object:
-    """A JSON file's value; missing, unreadable, non-UTF-8 or malformed is one line."""
-    if path.is_dir():
-        raise CheckpointError(f"{path} is a directory, not the run's {what}")
-    try:
-        if path.stat().st_size > MAX_HEADER_BYTES:
-            raise CheckpointError(f"{path} is {path.stat().st_size} bytes: too large for the run's {what}")
-        return json.loads(path.read_bytes().decode("utf-8"))
-    except UnicodeDecodeError:
-        raise CheckpointError(f"{path} is not UTF-8 text: not the run's {what}") from None
-    except json.JSONDecodeError as e:
-        raise CheckpointError(f"{path} is not valid JSON ({e.msg} at line {e.lineno}): not the run's {what}") from None
-    except RecursionError:
-        raise CheckpointError(f"{path} is nested too deeply to be the run's {what}") from None
-    except OSError as e:
-        raise CheckpointError(f"{path} cannot be read ({type(e).__name__}): the run's {what}") from None
-
-
 def read_record(run_dir: str | Path) -> tuple[dict, Path]:
     """(the run record {"config", "env", "data"}, the file it came from): loopscale.json, or
     config.json in the older layout. Raises CheckpointError when there is none or it is malformed."""
@@ -283,7 +258,7 @@ def read_record(run_dir: str | Path) -> tuple[dict, Path]:
     for path in (run / RECORD, run / HF_CONFIG):
         if not path.exists():
             continue
-        rec = read_json_file(path, "run record")
+        rec = read_json(path, "run record")
         if path.name == HF_CONFIG and isinstance(rec, dict) and "config" not in rec:
             continue  # a Hugging Face config: the record is in loopscale.json
         if not isinstance(rec, dict) or not isinstance(rec.get("config"), dict):
@@ -318,45 +293,6 @@ def _same_model(a: ModelConfig, b: ModelConfig, where_a, where_b) -> None:
         if va != vb:
             raise CheckpointError(f"{where_a} says model.{key}={va!r} but {where_b} holds {vb!r}: "
                                   f"the run's files disagree (edited or mixed); re-export the run")
-
-
-def read_safetensors_header(path: Path) -> dict:
-    """The header of a safetensors file, read without its tensors and checked for
-    consistency: bounded length, every tensor's byte range inside the file and matching
-    its dtype and shape. Returns {"__metadata__": {...}, key: {"dtype", "shape", "data_offsets"}}."""
-    size = path.stat().st_size
-    with open(path, "rb") as f:
-        head = f.read(8)
-        if len(head) < 8:
-            raise CheckpointError(f"{path} is truncated or corrupted (no safetensors header)")
-        n = struct.unpack("<Q", head)[0]
-        if n > min(MAX_HEADER_BYTES, size - 8):
-            raise CheckpointError(f"{path} is truncated or corrupted (header length {n} beyond the file)")
-        raw = f.read(n)
-    try:
-        header = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
-        raise CheckpointError(f"{path} is truncated or corrupted (its header is not JSON)") from None
-    if not isinstance(header, dict):
-        raise CheckpointError(f"{path} is truncated or corrupted (its header is not a JSON object)")
-    meta = header.get("__metadata__", {})
-    if not isinstance(meta, dict) or not all(isinstance(v, str) for v in meta.values()):
-        raise CheckpointError(f"{path}: its metadata must map names to strings")
-    data_bytes = size - 8 - n
-    for key, info in header.items():
-        if key == "__metadata__":
-            continue
-        if not (isinstance(info, dict) and isinstance(info.get("dtype"), str) and isinstance(info.get("shape"), list)
-                and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in info["shape"])
-                and isinstance(info.get("data_offsets"), list) and len(info["data_offsets"]) == 2
-                and all(isinstance(o, int) and not isinstance(o, bool) for o in info["data_offsets"])):
-            raise CheckpointError(f"{path}: the header entry of {key!r} is malformed")
-        if info["dtype"] not in FLOAT_DTYPES and info["dtype"] not in INT_DTYPES:
-            raise CheckpointError(f"{path}: {key} is {info['dtype']}, not a float tensor (loopscale weights are float)")
-        begin, end = info["data_offsets"]
-        if not 0 <= begin <= end <= data_bytes or end - begin != math.prod(info["shape"]) * DTYPE_BYTES[info["dtype"]]:
-            raise CheckpointError(f"{path} is truncated or corrupted ({key}'s bytes do not match its shape)")
-    return header
 
 
 def expected_shapes(m: ModelConfig) -> dict[str, tuple]:
@@ -476,7 +412,7 @@ def load(run_dir: str | Path, device: str | torch.device = "cpu") -> tuple[Loope
     tok_hashes = [((record.get("data") or {}).get("tokenizer_sha256"), rec_path)]
     hf_path = run / HF_CONFIG
     if rec_path.name == RECORD and hf_path.exists():
-        hf = read_json_file(hf_path, "Hugging Face config")
+        hf = read_json(hf_path, "Hugging Face config")
         hashes.append(check_hf_config(hf, m, fp, hf_path, rec_path))
         tok_hashes.append((((hf.get("loopscale") or {}).get("tokenizer_sha256")), hf_path))
     header = read_safetensors_header(weights)

@@ -5,11 +5,15 @@ import contextlib
 import errno
 import hashlib
 import json
+import logging
 import os
 import platform
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -348,3 +352,51 @@ def run_environment(device: str | None = None) -> dict:
     if device and device.startswith("cuda") and torch.cuda.is_available():
         env["gpu"] = torch.cuda.get_device_name()
     return env
+
+
+# ---------------------------------------------------------------------------
+# a job's lifetime: it never outlives its launcher
+# ---------------------------------------------------------------------------
+PARENT_ENV = "LOOPSCALE_PARENT_PID"  # the launcher's pid, set by the pipeline's train rule ($PPID of its shell)
+_watching: list[int] = []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (its own parent has not reaped it yet) is gone too
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def watch_parent(poll_s: float = 0.5) -> None:
+    """`--stop-with-parent`: end this process the way a preemption does (SIGTERM: a last state.pt,
+    exit 143) when its parent dies, so a pipeline job never outlives a snakemake that was killed
+    (even with SIGKILL) and no orphan trainer holds the run's lock. Called first thing in `main`,
+    before the heavy imports: the parent is recorded from the first instant, and the launcher's
+    pid in $LOOPSCALE_PARENT_PID (the shell's $PPID, which also names snakemake under torchrun)
+    catches a parent that died before even that. A daemon thread polls (portable; Linux's
+    PR_SET_PDEATHSIG would fire when the parent's *thread* ends, not the process). Idempotent."""
+    if _watching:
+        return
+    parent = os.getppid()
+    try:
+        launcher = int(os.environ.get(PARENT_ENV, "") or 0)
+    except ValueError:
+        launcher = 0
+    _watching.append(parent)
+
+    def gone() -> bool:
+        return os.getppid() != parent or (launcher > 1 and not _alive(launcher))
+
+    def watch():
+        while not gone():
+            time.sleep(poll_s)
+        logging.getLogger("loopscale.train").info("parent process %d ended: stopping as on SIGTERM", parent)
+        os.kill(os.getpid(), signal.SIGTERM)
+    threading.Thread(target=watch, name="loopscale-parent-watch", daemon=True).start()

@@ -46,6 +46,7 @@ from torch.utils.checkpoint import checkpoint
 
 from .config import LIMITS, ConfigError, ModelConfig, RunConfig, preset_dict
 from .io import CheckpointError
+from .runfiles import FLOAT_DTYPES, INT_DTYPES, read_json, read_safetensors_header
 from .readouts import AlphaReadout
 from .registry import GATED_LOSSES, readout_spec
 
@@ -378,11 +379,10 @@ def hf_weight_files(path: str | Path) -> list[Path]:
     """The safetensors files of a Hugging Face checkpoint directory: model.safetensors, or the
     shards its index json names, each a plain relative name inside the directory (an absolute
     path or one through `..` is refused: a checkpoint never reads files outside itself)."""
-    from .artifacts import read_json_file
     run = Path(path)
     index = run / HF_INDEX
     if index.is_file():
-        doc = read_json_file(index, "safetensors index")
+        doc = read_json(index, "safetensors index")
         weight_map = doc.get("weight_map") if isinstance(doc, dict) else None
         if not isinstance(weight_map, dict) or not weight_map or \
                 not all(isinstance(k, str) and isinstance(v, str) and v for k, v in weight_map.items()):
@@ -402,7 +402,6 @@ def hf_weight_files(path: str | Path) -> list[Path]:
 def hf_headers(path: str | Path) -> dict[str, tuple[Path, dict]]:
     """{tensor name: (its file, its header entry)} of every weight file, read without the
     tensors; a tensor that two files hold is refused (which one counts would be arbitrary)."""
-    from .artifacts import read_safetensors_header
     out: dict[str, tuple[Path, dict]] = {}
     for f in hf_weight_files(path):
         if not f.is_file():
@@ -490,10 +489,9 @@ def from_pretrained(path: str | Path, *, seq_len: int = 2048, n_loops: Optional[
     run = Path(path)
     if not run.is_dir():
         raise CheckpointError(f"checkpoint directory {run} not found")
-    from .artifacts import FLOAT_DTYPES, INT_DTYPES, read_json_file
     if not (run / "config.json").is_file():
         raise CheckpointError(f"{run / 'config.json'} is missing")
-    hf = read_json_file(run / "config.json", "Ouro config")
+    hf = read_json(run / "config.json", "Ouro config")
     if not isinstance(hf, dict) or hf.get("model_type") != "ouro":
         raise CheckpointError(f"{run / 'config.json'}: model_type is {hf.get('model_type') if isinstance(hf, dict) else None!r}, "
                               f"not 'ouro'")

@@ -275,9 +275,9 @@ class SigtermFlag:
 
 def stop_with_parent(poll_s: float = 0.5) -> None:
     """End this process the way a preemption does (SIGTERM: a last state.pt, exit 143) when its
-    parent dies (loopscale.cli.watch_parent, started at the very top of the command line entry,
+    parent dies (loopscale.io.watch_parent, started at the very top of the command line entry,
     before the heavy imports, so this is a no-op there)."""
-    from .cli import watch_parent
+    from .io import watch_parent
     watch_parent(poll_s)
 
 
