@@ -66,7 +66,10 @@ def copy_worktree(dest: Path) -> Path:
     dest.mkdir(parents=True)
     for f in filter(None, files):
         src = REPO / f
-        if src.is_file() and "__pycache__" not in f:
+        if src.is_symlink():  # the `slurm` profile's name at the root (profiles/slurm)
+            (dest / f).parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(os.readlink(src), dest / f)
+        elif src.is_file() and "__pycache__" not in f:
             (dest / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / f)
     git(dest, "init", "-q", "-b", "main")

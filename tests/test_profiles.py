@@ -75,6 +75,40 @@ def test_slurm_profile_is_found_and_selects_the_slurm_executor(repo, monkeypatch
     assert "profiles/default" not in stderr
 
 
+def test_the_slurm_profile_is_found_by_its_name(repo, monkeypatch):
+    """`snakemake --profile slurm`, as Snakemake users type it (Snakemake looks for a profile
+    name in the working directory, then ~/.config/snakemake), loads the same profile as
+    `--workflow-profile slurm`, its partition file included."""
+    from snakemake.cli import parse_args
+    monkeypatch.chdir(repo)
+    _, by_name = parse_args(["--profile", "slurm", "--config", "experiment=paper", "-n"])
+    _, by_workflow = parse_args(["--workflow-profile", "slurm", "--config", "experiment=paper", "-n"])
+    for key in ("executor", "retries", "cores", "jobs", "default_resources", "set_resources", "latency_wait"):
+        assert getattr(by_name, key) == getattr(by_workflow, key), key
+    assert by_name.executor == "slurm"
+    assert Path(by_name.slurm_partition_config).resolve() == (repo / "profiles" / "slurm" / "partitions.yaml")
+    proc = smk(repo, "--profile", "slurm", "--config", "experiment=smoke", "-n")
+    assert "Using profile slurm for setting default" in proc.stderr
+    assert jobs_of(proc.stdout) == slurm_dry_run(repo, "smoke")[0]
+
+
+def test_the_dry_run_warns_of_the_placeholder_account(repo, tmp_path):
+    """The profile as shipped names the account `my_account`: the dry run says so in one
+    line (sbatch would refuse every job); with an account of the user's, it says nothing."""
+    from loopscale.pipeline import PLACEHOLDER_ACCOUNT, placeholder_account
+    config = yaml.safe_load((PROFILES / "slurm" / "config.yaml").read_text())
+    assert config["default-resources"]["slurm_account"] == PLACEHOLDER_ACCOUNT
+    _, stderr = slurm_dry_run(repo, "smoke")
+    warnings = [line for line in stderr.splitlines() if "placeholder" in line]
+    assert len(warnings) == 1 and f"slurm_account is still the placeholder '{PLACEHOLDER_ACCOUNT}'" in warnings[0]
+    assert warnings[0].startswith("loopscale pipeline: warning:")
+    mine = smk(repo, "--workflow-profile", "slurm", "--config", "experiment=smoke", "-n",
+               "--default-resources", "slurm_account='lab42'")
+    assert "placeholder" not in mine.stderr and jobs_of(mine.stdout)
+    assert placeholder_account({"slurm_account": "lab42"}) is None and placeholder_account(None) is None
+    assert placeholder_account({"slurm_account": f"'{PLACEHOLDER_ACCOUNT}'"})
+
+
 def test_local_runs_load_no_profile(repo, monkeypatch):
     """There is no profiles/default: a plain `snakemake` takes only its command line (and a
     bad params.yaml still gives exactly one line on stderr, tests/test_pipeline.py)."""
