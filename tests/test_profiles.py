@@ -71,7 +71,9 @@ def test_slurm_profile_is_found_and_selects_the_slurm_executor(repo, monkeypatch
     assert args.retries >= 2  # a time limit or preemption is retried: training resumes
     assert args.cores == 1024  # no cap of the login node's cores on the jobs' threads
     _, stderr = slurm_dry_run(repo, "smoke")
-    assert "Using workflow specific profile profiles/slurm for setting default" in stderr
+    # ./slurm (the profile's name at the root, for `--profile slurm`) is profiles/slurm
+    used = re.search(r"Using workflow specific profile (\S+) for setting default", stderr).group(1)
+    assert (repo / used).resolve() == repo / "profiles" / "slurm"
     assert "profiles/default" not in stderr
 
 
@@ -83,8 +85,11 @@ def test_the_slurm_profile_is_found_by_its_name(repo, monkeypatch):
     monkeypatch.chdir(repo)
     _, by_name = parse_args(["--profile", "slurm", "--config", "experiment=paper", "-n"])
     _, by_workflow = parse_args(["--workflow-profile", "slurm", "--config", "experiment=paper", "-n"])
+    def plain(v):  # Snakemake's Resources as {name: the value as written}
+        return {k: plain(x) for k, x in v.items()} if hasattr(v, "items") else getattr(v, "raw", v)
     for key in ("executor", "retries", "cores", "jobs", "default_resources", "set_resources", "latency_wait"):
-        assert getattr(by_name, key) == getattr(by_workflow, key), key
+        assert plain(getattr(by_name, key)) == plain(getattr(by_workflow, key)), key
+    assert plain(by_name.default_resources)["slurm_account"]
     assert by_name.executor == "slurm"
     assert Path(by_name.slurm_partition_config).resolve() == (repo / "profiles" / "slurm" / "partitions.yaml")
     proc = smk(repo, "--profile", "slurm", "--config", "experiment=smoke", "-n")
