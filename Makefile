@@ -16,9 +16,10 @@ CORES  ?= all
 # pipeline jobs call `loopscale`, `snakemake` and `dvc`: the venv's bin comes first
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-# Snakemake prints one line per job (its rule and wildcards) and errors; each job's output goes
-# to its log under logs/. SNAKEMAKE_QUIET= (empty) shows every job's inputs, outputs and reasons.
-SNAKEMAKE_QUIET ?= --quiet rules
+# Snakemake quiet: no job's rule block (its ~40 inputs, outputs, reason), no host banner; a
+# job shows as "Finished jobid: N (Rule: NAME)" and the progress, a failed one as its command
+# (which names its log under logs/). SNAKEMAKE_QUIET= (empty) shows everything.
+SNAKEMAKE_QUIET ?= --quiet rules host
 SNAKEMAKE := $(BIN)/snakemake $(SNAKEMAKE_QUIET)
 
 .PHONY: setup setup-pipeline lock-pipeline smoke reproduce confirm drift-law test test-fast bench clean-runs

@@ -168,3 +168,24 @@ def test_cpu_experiments_ask_for_no_gpu(repo, name):
         assert not r.get("gpu") and "gres" not in r, j  # gpu=0: the plugin passes no --gpus
         assert partition_of(j) == "cpu"
         assert r["cpus_per_task"] == (1 if j["rule"] in CPU_RULES else threads), j
+
+
+def test_make_runs_snakemake_quietly(repo):
+    """`make smoke` and `make reproduce` call Snakemake with SNAKEMAKE_QUIET: no job prints its
+    rule block (the ~40 source files of its inputs, its outputs, the reason) and a job is the
+    scheduler's line; the same dry run without the flags lists every job's inputs."""
+    import shlex
+    import subprocess
+    makefile = (REPO / "Makefile").read_text()
+    quiet = shlex.split(re.search(r"^SNAKEMAKE_QUIET \?= (.*)$", makefile, re.M).group(1))
+    assert quiet[0] == "--quiet" and "rules" in quiet
+    for target in ("smoke", "reproduce"):  # both go through $(SNAKEMAKE)
+        shown = subprocess.run(["make", "-n", "-W", "Makefile", target], cwd=repo, capture_output=True, text=True)
+        calls = [line for line in shown.stdout.splitlines() if "snakemake" in line and "--config" in line]
+        assert calls and all(" ".join(quiet) in line for line in calls), shown.stdout
+    loud = smk(repo, "--config", "experiment=smoke", "-n")
+    assert re.search(r"^\s+input: .*src/loopscale/", loud.stdout, re.M)
+    quiet_run = smk(repo, *quiet, "--config", "experiment=smoke", "-n")
+    text = quiet_run.stdout + quiet_run.stderr
+    assert not re.search(r"^\s+(input|output|reason):", text, re.M) and not re.search(r"^(local)?rule \w+:", text, re.M)
+    assert "Job stats:" in text and len(text.splitlines()) < len((loud.stdout + loud.stderr).splitlines()) / 3
