@@ -86,7 +86,7 @@ def test_dependencies_are_ranges_that_the_lock_satisfies():
         f"loopscale[{','.join(sorted(extras - {'all'}, key=order.index))}]"]
 
 
-def _closure(roots: list[Requirement]) -> set:
+def _closure_with_extras(roots: list[Requirement]) -> set:
     """Normalised names of `roots` and everything they require, from the installed packages'
     metadata, markers evaluated here (each requirement's extras included)."""
     seen, todo = set(), [(r, "") for r in roots]
@@ -112,7 +112,7 @@ def test_the_pipeline_lock_is_the_pipeline_s_part_of_the_lock():
     assert {n: v for n, v in sub.items() if full[n] != v} == {}  # version for version
     roots = [Requirement(r) for r in PYPROJECT["project"]["dependencies"]] + \
         [Requirement(r) for r in PYPROJECT["project"]["optional-dependencies"]["pipeline"]]
-    closure = _closure(roots) - {"pip", "setuptools", "wheel"}  # a venv's own, unpinned in both locks
+    closure = _closure_with_extras(roots) - {"pip", "setuptools", "wheel"}  # a venv's own, unpinned in both locks
     assert closure - set(sub) == set(), "needed by the pipeline, missing from requirements-pipeline.lock"
     assert set(sub) - closure == set(), "in requirements-pipeline.lock, needed by nothing of the pipeline"
     # the heavy extras stay out of it
