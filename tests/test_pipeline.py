@@ -278,6 +278,7 @@ BAD = [
     (_mut(["colour"], 1), "unknown key 'colour'"),
     (_mut(["experiments", "cpu", "sedes"], [1]), "'experiments.cpu.sedes'"),
     (_mut(["experiments", "cpu", "seeds"], ["x"]), "experiments.cpu.seeds[0]"),
+    (_mut(["experiments", "smoke", "evidence"], "no"), "experiments.smoke.evidence"),  # a boolean
     (_mut(["experiments", "cpu", "train", "lrr"], 1), "'experiments.cpu.train.lrr'"),
     (_mut(["experiments", "cpu", "train", "lr"], "fast"), "experiments.cpu.train: train.lr must be a number"),
     (_mut(["experiments", "paper", "sizes", "44m", "preset"], "huge"), "experiments.paper.sizes.44m.preset"),
