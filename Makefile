@@ -1,9 +1,13 @@
 # loopscale: two commands do everything.
-#   make smoke       set up .venv and run the smoke experiment (a minute on 2 cores after set-up:
-#                    two conditions, a tiny model, every stage; results/smoke/REPORT.md)
-#   make reproduce   set up .venv and run the cpu experiment of the pipeline (results/ rebuilt;
+#   make smoke       set up .venv with what the pipeline needs and run the smoke experiment (a
+#                    minute on 2 cores after set-up: two conditions, a tiny model, every stage;
+#                    results/smoke/REPORT.md)
+#   make reproduce   the same set-up, then the cpu experiment of the pipeline (results/ rebuilt;
 #                    EXPERIMENT=NAME for another)
-#   make test        set up .venv and run the test suite (what CI runs)
+#   make test        set up .venv with everything (tests, DVC, HF, lm-eval, tracking) and run the
+#                    test suite (what CI runs)
+# Two pinned sets: requirements.lock (everything) and requirements-pipeline.lock (the core and
+# the pipeline extra, the same versions; `make lock-pipeline` derives it from requirements.lock).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -12,32 +16,53 @@ CORES  ?= all
 # pipeline jobs call `loopscale`, `snakemake` and `dvc`: the venv's bin comes first
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-.PHONY: setup smoke reproduce confirm drift-law test test-fast bench clean-runs
+# Snakemake quiet: no job's rule block (its ~40 inputs, outputs, reason), no host banner; a
+# job shows as "Finished jobid: N (Rule: NAME)" and the progress, a failed one as its command
+# (which names its log under logs/). SNAKEMAKE_QUIET= (empty) shows everything.
+SNAKEMAKE_QUIET ?= --quiet rules host
+SNAKEMAKE := $(BIN)/snakemake $(SNAKEMAKE_QUIET)
+
+.PHONY: setup setup-pipeline lock-pipeline smoke reproduce confirm drift-law test test-fast bench clean-runs
 
 setup: $(VENV)/.installed
 
+# everything in requirements.lock (the test suite, DVC, HF, lm-eval, tracking)
 $(VENV)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements.lock
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $@ $(VENV)/.pipeline
+
+# the pipeline alone (the core + the pipeline extra), pinned as in requirements.lock
+setup-pipeline: $(VENV)/.pipeline
+
+$(VENV)/.pipeline: pyproject.toml requirements-pipeline.lock
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check -r requirements-pipeline.lock
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --no-deps --no-build-isolation -e .
 	touch $@
 
-smoke: setup
-	$(BIN)/snakemake --cores $(CORES) --config experiment=smoke
+# requirements-pipeline.lock: pip's resolution of loopscale[pipeline] constrained to
+# requirements.lock's versions (pip >= 22.2; run after changing requirements.lock)
+lock-pipeline:
+	$(PYTHON) tools/pipeline_lock.py
 
-reproduce: setup
-	$(BIN)/snakemake --cores $(CORES) --config experiment=$(EXPERIMENT)
+smoke: setup-pipeline
+	$(SNAKEMAKE) --cores $(CORES) --config experiment=smoke
+
+reproduce: setup-pipeline
+	$(SNAKEMAKE) --cores $(CORES) --config experiment=$(EXPERIMENT)
 
 # the confirmatory study (docs/studies.md): cpu_confirm + cpu_confirm_lr + cpu_long_drift (the
 # drift law's held-out point: cpu_long's drifting model alone), then the drift law
-confirm: setup
-	$(BIN)/snakemake --cores $(CORES) --config experiment=cpu_confirm
-	$(BIN)/snakemake --cores $(CORES) --config experiment=cpu_confirm_lr
-	$(BIN)/snakemake --cores $(CORES) --config experiment=cpu_long_drift
+confirm: setup-pipeline
+	$(SNAKEMAKE) --cores $(CORES) --config experiment=cpu_confirm
+	$(SNAKEMAKE) --cores $(CORES) --config experiment=cpu_confirm_lr
+	$(SNAKEMAKE) --cores $(CORES) --config experiment=cpu_long_drift
 	$(MAKE) drift-law
 
 # the drift law across experiments, from the committed results/<exp>/train_norms.csv
-drift-law: setup
+drift-law: setup-pipeline
 	$(BIN)/loopscale report drift-law --results results/cpu_confirm results/cpu_confirm_lr results/cpu_long_drift \
 		--holdout cpu_long_drift --out results/drift_law
 
@@ -51,5 +76,5 @@ test: setup
 test-fast: setup
 	HF_DATASETS_OFFLINE=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -n $(TEST_WORKERS) -m "not slow"
 
-bench: setup
+bench: setup-pipeline
 	$(BIN)/loopscale bench --preset cpu

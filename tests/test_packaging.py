@@ -27,9 +27,9 @@ def _norm(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
 
 
-def _lock() -> dict:
+def _lock(name: str = "requirements.lock") -> dict:
     pins = {}
-    for line in (REPO / "requirements.lock").read_text().splitlines():
+    for line in (REPO / name).read_text().splitlines():
         if "==" in line and not line.startswith("#"):
             name, version = line.split("==", 1)
             pins[_norm(name)] = version.strip()
@@ -80,9 +80,44 @@ def test_dependencies_are_ranges_that_the_lock_satisfies():
             assert r.name in ("transformers", "tensorboard"), f"{r.name} is not pinned in requirements.lock"
     assert pins["torch"] == "2.13.0"
     extras = set(PYPROJECT["project"]["optional-dependencies"])
-    assert {"pipeline", "hf", "lm-eval", "wandb", "tensorboard", "test", "all"} <= extras
+    order = ["pipeline", "dvc", "hf", "lm-eval", "wandb", "tensorboard", "test"]
+    assert set(order) | {"all"} <= extras
     assert PYPROJECT["project"]["optional-dependencies"]["all"] == [
-        f"loopscale[{','.join(sorted(extras - {'all'}, key=['pipeline', 'hf', 'lm-eval', 'wandb', 'tensorboard', 'test'].index))}]"]
+        f"loopscale[{','.join(sorted(extras - {'all'}, key=order.index))}]"]
+
+
+def _closure_with_extras(roots: list[Requirement]) -> set:
+    """Normalised names of `roots` and everything they require, from the installed packages'
+    metadata, markers evaluated here (each requirement's extras included)."""
+    seen, todo = set(), [(r, "") for r in roots]
+    while todo:
+        r, extra = todo.pop()
+        if r.marker is not None and not r.marker.evaluate({"extra": extra}):
+            continue
+        name = _norm(r.name)
+        for e in sorted(r.extras) or [""]:  # the package's own requirements, with each extra named
+            if (name, e) in seen:
+                continue
+            seen.add((name, e))
+            todo += [(Requirement(q), e) for q in importlib.metadata.requires(name) or []]
+    return {n for n, _ in seen}
+
+
+def test_the_pipeline_lock_is_the_pipeline_s_part_of_the_lock():
+    """`make smoke` and `make reproduce` install requirements-pipeline.lock: the core and the
+    pipeline extra with everything they need and nothing else, each at requirements.lock's
+    version (tools/pipeline_lock.py derives it; `make test` installs the whole lock)."""
+    full, sub = _lock(), _lock("requirements-pipeline.lock")
+    assert sub and set(sub) < set(full)
+    assert {n: v for n, v in sub.items() if full[n] != v} == {}  # version for version
+    roots = [Requirement(r) for r in PYPROJECT["project"]["dependencies"]] + \
+        [Requirement(r) for r in PYPROJECT["project"]["optional-dependencies"]["pipeline"]]
+    closure = _closure_with_extras(roots) - {"pip", "setuptools", "wheel"}  # a venv's own, unpinned in both locks
+    assert closure - set(sub) == set(), "needed by the pipeline, missing from requirements-pipeline.lock"
+    assert set(sub) - closure == set(), "in requirements-pipeline.lock, needed by nothing of the pipeline"
+    # the heavy extras stay out of it
+    assert not {"dvc", "lm-eval", "transformers", "wandb", "pytest", "tensorboard"} & set(sub)
+    assert "requirements-pipeline.lock" in (REPO / "Makefile").read_text()
 
 
 def test_no_module_imports_fcntl():

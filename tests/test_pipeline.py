@@ -66,7 +66,10 @@ def copy_worktree(dest: Path) -> Path:
     dest.mkdir(parents=True)
     for f in filter(None, files):
         src = REPO / f
-        if src.is_file() and "__pycache__" not in f:
+        if src.is_symlink():  # the `slurm` profile's name at the root (profiles/slurm)
+            (dest / f).parent.mkdir(parents=True, exist_ok=True)
+            os.symlink(os.readlink(src), dest / f)
+        elif src.is_file() and "__pycache__" not in f:
             (dest / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, dest / f)
     git(dest, "init", "-q", "-b", "main")
@@ -275,6 +278,7 @@ BAD = [
     (_mut(["colour"], 1), "unknown key 'colour'"),
     (_mut(["experiments", "cpu", "sedes"], [1]), "'experiments.cpu.sedes'"),
     (_mut(["experiments", "cpu", "seeds"], ["x"]), "experiments.cpu.seeds[0]"),
+    (_mut(["experiments", "smoke", "evidence"], "no"), "experiments.smoke.evidence"),  # a boolean
     (_mut(["experiments", "cpu", "train", "lrr"], 1), "'experiments.cpu.train.lrr'"),
     (_mut(["experiments", "cpu", "train", "lr"], "fast"), "experiments.cpu.train: train.lr must be a number"),
     (_mut(["experiments", "paper", "sizes", "44m", "preset"], "huge"), "experiments.paper.sizes.44m.preset"),

@@ -71,8 +71,47 @@ def test_slurm_profile_is_found_and_selects_the_slurm_executor(repo, monkeypatch
     assert args.retries >= 2  # a time limit or preemption is retried: training resumes
     assert args.cores == 1024  # no cap of the login node's cores on the jobs' threads
     _, stderr = slurm_dry_run(repo, "smoke")
-    assert "Using workflow specific profile profiles/slurm for setting default" in stderr
+    # ./slurm (the profile's name at the root, for `--profile slurm`) is profiles/slurm
+    used = re.search(r"Using workflow specific profile (\S+) for setting default", stderr).group(1)
+    assert (repo / used).resolve() == repo / "profiles" / "slurm"
     assert "profiles/default" not in stderr
+
+
+def test_the_slurm_profile_is_found_by_its_name(repo, monkeypatch):
+    """`snakemake --profile slurm`, as Snakemake users type it (Snakemake looks for a profile
+    name in the working directory, then ~/.config/snakemake), loads the same profile as
+    `--workflow-profile slurm`, its partition file included."""
+    from snakemake.cli import parse_args
+    monkeypatch.chdir(repo)
+    _, by_name = parse_args(["--profile", "slurm", "--config", "experiment=paper", "-n"])
+    _, by_workflow = parse_args(["--workflow-profile", "slurm", "--config", "experiment=paper", "-n"])
+    def plain(v):  # Snakemake's Resources as {name: the value as written}
+        return {k: plain(x) for k, x in v.items()} if hasattr(v, "items") else getattr(v, "raw", v)
+    for key in ("executor", "retries", "cores", "jobs", "default_resources", "set_resources", "latency_wait"):
+        assert plain(getattr(by_name, key)) == plain(getattr(by_workflow, key)), key
+    assert plain(by_name.default_resources)["slurm_account"]
+    assert by_name.executor == "slurm"
+    assert Path(by_name.slurm_partition_config).resolve() == (repo / "profiles" / "slurm" / "partitions.yaml")
+    proc = smk(repo, "--profile", "slurm", "--config", "experiment=smoke", "-n")
+    assert "Using profile slurm for setting default" in proc.stderr
+    assert jobs_of(proc.stdout) == slurm_dry_run(repo, "smoke")[0]
+
+
+def test_the_dry_run_warns_of_the_placeholder_account(repo, tmp_path):
+    """The profile as shipped names the account `my_account`: the dry run says so in one
+    line (sbatch would refuse every job); with an account of the user's, it says nothing."""
+    from loopscale.pipeline import PLACEHOLDER_ACCOUNT, placeholder_account
+    config = yaml.safe_load((PROFILES / "slurm" / "config.yaml").read_text())
+    assert config["default-resources"]["slurm_account"] == PLACEHOLDER_ACCOUNT
+    _, stderr = slurm_dry_run(repo, "smoke")
+    warnings = [line for line in stderr.splitlines() if "placeholder" in line]
+    assert len(warnings) == 1 and f"slurm_account is still the placeholder '{PLACEHOLDER_ACCOUNT}'" in warnings[0]
+    assert warnings[0].startswith("loopscale pipeline: warning:")
+    mine = smk(repo, "--workflow-profile", "slurm", "--config", "experiment=smoke", "-n",
+               "--default-resources", "slurm_account='lab42'")
+    assert "placeholder" not in mine.stderr and jobs_of(mine.stdout)
+    assert placeholder_account({"slurm_account": "lab42"}) is None and placeholder_account(None) is None
+    assert placeholder_account({"slurm_account": f"'{PLACEHOLDER_ACCOUNT}'"})
 
 
 def test_local_runs_load_no_profile(repo, monkeypatch):
@@ -129,3 +168,24 @@ def test_cpu_experiments_ask_for_no_gpu(repo, name):
         assert not r.get("gpu") and "gres" not in r, j  # gpu=0: the plugin passes no --gpus
         assert partition_of(j) == "cpu"
         assert r["cpus_per_task"] == (1 if j["rule"] in CPU_RULES else threads), j
+
+
+def test_make_runs_snakemake_quietly(repo):
+    """`make smoke` and `make reproduce` call Snakemake with SNAKEMAKE_QUIET: no job prints its
+    rule block (the ~40 source files of its inputs, its outputs, the reason) and a job is the
+    scheduler's line; the same dry run without the flags lists every job's inputs."""
+    import shlex
+    import subprocess
+    makefile = (REPO / "Makefile").read_text()
+    quiet = shlex.split(re.search(r"^SNAKEMAKE_QUIET \?= (.*)$", makefile, re.M).group(1))
+    assert quiet[0] == "--quiet" and "rules" in quiet
+    for target in ("smoke", "reproduce"):  # both go through $(SNAKEMAKE)
+        shown = subprocess.run(["make", "-n", "-W", "Makefile", target], cwd=repo, capture_output=True, text=True)
+        calls = [line for line in shown.stdout.splitlines() if "snakemake" in line and "--config" in line]
+        assert calls and all(" ".join(quiet) in line for line in calls), shown.stdout
+    loud = smk(repo, "--config", "experiment=smoke", "-n")
+    assert re.search(r"^\s+input: .*src/loopscale/", loud.stdout, re.M)
+    quiet_run = smk(repo, *quiet, "--config", "experiment=smoke", "-n")
+    text = quiet_run.stdout + quiet_run.stderr
+    assert not re.search(r"^\s+(input|output|reason):", text, re.M) and not re.search(r"^(local)?rule \w+:", text, re.M)
+    assert "Job stats:" in text and len(text.splitlines()) < len((loud.stdout + loud.stderr).splitlines()) / 3

@@ -49,6 +49,40 @@ def test_styles_are_colour_blind_safe_and_distinct():
     assert R.condition("raw", "per_loop", "norm_penalty", "inter_loop_norm").colour in R.PALETTE
 
 
+def _lab(colour: str) -> tuple:
+    """CIELAB (D65) of an sRGB colour."""
+    from matplotlib.colors import to_rgb
+    lin = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4 for c in to_rgb(colour)]
+    xyz = [sum(m * c for m, c in zip(row, lin)) for row in
+           ((0.4124, 0.3576, 0.1805), (0.2126, 0.7152, 0.0722), (0.0193, 0.1192, 0.9505))]
+    f = [t ** (1 / 3) if t > (6 / 29) ** 3 else t / (3 * (6 / 29) ** 2) + 4 / 29
+         for t in (xyz[0] / 0.95047, xyz[1], xyz[2] / 1.08883)]
+    return 116 * f[1] - 16, 500 * (f[0] - f[1]), 200 * (f[1] - f[2])
+
+
+def _delta_e(a: str, b: str) -> float:
+    return sum((x - y) ** 2 for x, y in zip(_lab(a), _lab(b))) ** 0.5
+
+
+def test_every_registered_condition_has_its_own_colour():
+    """Colour alone tells the registered conditions apart: one palette colour each, no two
+    closer than a ΔE*ab of 25 (dark and light blue, Okabe–Ito's closest pair, are 26 apart),
+    and the two scale-invariant per-loop readouts, which sit on top of each other in the
+    figures, far apart (the Okabe–Ito vermillion and orange they had were 33 apart)."""
+    conds = [R.condition(*base) for base in R.CANONICAL_BASES]
+    colours = [c.colour for c in conds]
+    assert len(set(colours)) == len(conds) and set(colours) <= set(R.PALETTE)
+    for i, a in enumerate(conds):
+        for b in conds[i + 1:]:
+            assert _delta_e(a.colour, b.colour) >= 25, (a.label, b.label, a.colour, b.colour)
+    rms, ln = R.condition("rmsnorm", "per_loop"), R.condition("layernorm", "per_loop")
+    assert _delta_e(rms.colour, ln.colour) >= 50
+    assert _delta_e("#D55E00", "#E69F00") < 50  # the rule above tells the old pair's colours apart
+    # the other conditions cycle through the palette from after the registered ones
+    others = [R.condition(*b) for b in R._all_bases() if b not in R.CANONICAL_BASES]
+    assert others[0].colour == R.PALETTE[len(R.CANONICAL_BASES) % len(R.PALETTE)]
+
+
 def test_readout_semantics():
     rms, raw, fin, ln = (R.READOUTS[n] for n in ("rmsnorm", "raw", "final_norm", "layernorm"))
     assert rms.scale_invariant and ln.scale_invariant and not fin.scale_invariant and not raw.scale_invariant

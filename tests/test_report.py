@@ -673,3 +673,39 @@ def test_norm_per_loop_draws_the_headline_condition_on_top_and_labels_it(tmp_pat
     texts = [t.get_text() for t in ax.texts]
     assert any("per-loop CE + RMSNorm readout: ‖H_K‖ = 374" in t for t in texts)
     assert ax.get_ylim()[1] >= 374 * 1.8
+
+
+def test_a_pipeline_check_says_so_and_leaves_out_verdicts_drift_and_empty_parts(tmp_path):
+    """`evidence: false` (params.yaml; smoke): REPORT.md opens with the banner, gives no claim
+    verdicts and no drift extrapolation; in any report, a figure none of whose panels has data
+    and a table without rows are left out and named in one line. The same runs as evidence
+    keep the verdicts."""
+    from loopscale.report.figures import FIGURES, no_data
+    from loopscale.report.write import NOT_EVIDENCE_FIGURES, has_data
+    root = tmp_path / "runs"
+    make_run(root, seed=1, diags=("depth", "norms"))
+    make_run(root, readout="raw", seed=1, diags=("depth", "norms"))
+    runs = runs_of(root)
+    tables = build_tables(runs)
+    write_tables(tables, tmp_path / "out")
+    paths = write_figures(runs, tmp_path / "fig")
+    empty = {p.stem: no_data(p) for p in paths if no_data(p)}
+    assert empty and len(empty) < len(paths)  # this grid has both kinds (radial, lemma, scale: not run)
+    assert "radial_vs_norm" in empty and "norm_per_loop" not in empty
+    for check, params in ((True, {"evidence": False}), (False, {})):
+        text = report_markdown(runs, tmp_path / "out", tmp_path / "out" / "REPORT.md", "t", params=params,
+                               figures_dir=tmp_path / "fig")
+        lines = text.splitlines()
+        assert ("not evidence" in lines[2]) is check and ("**Verdicts:**" in text) is not check
+        assert (C.NOT_RUN in text) is not check  # a claim verdict of the claims table
+        shown = set(re.findall(r"!\[[^]]*\]\([^)]*/(\w+)\.png\)", text))
+        assert shown == set(FIGURES) - set(empty) - (set(NOT_EVIDENCE_FIGURES) if check else set())
+        left_out = [line for line in lines if line.startswith("Left out, no data") and ".png" in line]
+        assert len(left_out) == 1 and set(re.findall(r"`(\w+)\.png`", left_out[0])) == \
+            set(empty) - (set(NOT_EVIDENCE_FIGURES) if check else set())
+        titles = set(re.findall(r"^### (.+)$", text, re.M))
+        assert all(has_data(t) for t in tables if t.title in titles)
+        no_rows = [t.title for t in tables if t.md and not has_data(t)]
+        assert no_rows and not set(no_rows) & titles and all(title in text for title in no_rows)
+        drift = next(t for t in tables if t.name == "drift")
+        assert (drift.title in titles) == (not check and has_data(drift) and bool(drift.md))

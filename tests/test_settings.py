@@ -117,3 +117,30 @@ def test_good_values_at_the_edges_pass():
     C.preset("smoke", {"train": {"seed": 0, "weight_decay": 0, "betas": [0, 0.999], "threads": 0},
                        "model": {"dropout": 0}, "data": {"vocab_size": 5}, "objective": {"penalty_weight": 0}})
     C.eval_preset("smoke", {"depth_factor": 1, "lemma_loops": 2, "halting_epsilon": 0, "max_tokens": 0})
+
+
+@pytest.mark.parametrize("typo, named, meant", [("train.max_stepz", "train.max_stepz", "train.max_steps"),
+                                                ("model.d_modle", "model.d_modle", "model.d_model"),
+                                                ("objectiv.loss", "objectiv", "objective")])
+def test_an_unknown_key_is_named_as_given_with_the_closest_known_one(typo, named, meant, capsys):
+    """`--set train.max_stepz=5` names `train.max_stepz` (no internal prefix) and suggests the
+    closest known key (difflib); a key like no known one gets no suggestion."""
+    rc = cli.main(["params", "--preset", "smoke", "--set", f"{typo}=5"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1
+    assert f"unknown key '{named}'; did you mean '{meant}'?" in err[0] and "override" not in err[0]
+    with pytest.raises(C.ConfigError) as e:
+        C.resolve(preset_name="smoke", overrides=["train.qqqqqq=1"])
+    assert str(e.value) == "unknown key 'train.qqqqqq'"
+
+
+def test_version_and_the_presets_in_train_help(capsys):
+    """`loopscale --version`; `loopscale train --help` names every preset of the preset table."""
+    import loopscale
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"loopscale {loopscale.__version__}"
+    with pytest.raises(SystemExit):
+        cli.main(["train", "--help"])
+    text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+    assert C.MODEL_PRESETS and all(name in text.replace("- ", "-") for name in C.MODEL_PRESETS)

@@ -123,7 +123,7 @@ def bench_config(name: str | None, overrides: dict | None = None) -> RunConfig:
     else:
         d = preset(name or "cpu").to_dict()
     if overrides:
-        d = merge(d, overrides, "override")
+        d = merge(d, overrides)
     return RunConfig.from_dict(d)
 
 

@@ -30,7 +30,8 @@ _COMMAND_MODULES = ["loopscale.diagnostics", "loopscale.report", "loopscale.benc
 
 def add_config_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", "-c", help="run config (YAML/JSON); may name a `preset:`")
-    p.add_argument("--preset", help="start from this preset (paper-44m, paper-129m, cpu, smoke)")
+    from .config import MODEL_PRESETS
+    p.add_argument("--preset", metavar="PRESET", help=f"start from this preset: {', '.join(MODEL_PRESETS)}")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a setting, e.g. --set model.readout=raw (repeatable)")
 
@@ -165,7 +166,9 @@ def check_common_args(args) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from . import __version__
     parser = argparse.ArgumentParser(prog="loopscale", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"loopscale {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("config", help="resolve a config and print or write it")

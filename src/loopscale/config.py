@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import difflib
 import hashlib
 import json
 import math
@@ -308,7 +309,7 @@ def preset(name: str, overrides: Optional[dict] = None) -> RunConfig:
     """A RunConfig from a named preset plus nested-dict overrides."""
     d = preset_dict(name)
     if overrides:
-        d = merge(d, overrides, where="override")
+        d = merge(d, overrides)
     return RunConfig.from_dict(d)
 
 
@@ -327,12 +328,18 @@ def merge(base: dict, update: dict, where: str = "") -> dict:
     for k, v in update.items():
         key = f"{where}.{k}" if where else k
         if k not in out:
-            raise ConfigError(f"unknown key {key!r}")
+            raise ConfigError(f"unknown key {key!r}{did_you_mean(k, out, where)}")
         if isinstance(out[k], dict) and isinstance(v, dict):
             out[k] = merge(out[k], v, key)
         else:
             out[k] = copy.deepcopy(v)
     return out
+
+
+def did_you_mean(key: str, known, where: str = "") -> str:
+    """"; did you mean 'train.max_steps'?" for the known key closest to a mistyped one (difflib), or ""."""
+    close = difflib.get_close_matches(str(key), [str(k) for k in known], n=1)
+    return f"; did you mean {_join(where, close[0])!r}?" if close else ""
 
 
 def parse_overrides(items: list[str]) -> dict:
@@ -448,7 +455,7 @@ def resolve(path: Optional[str] = None, preset_name: Optional[str] = None,
     """A preset <- a config file <- `--set` overrides (later layers win), merged and validated once."""
     d = config_dict(path, preset_name)
     if overrides:
-        d = merge(d, parse_overrides(overrides), "override")
+        d = merge(d, parse_overrides(overrides))  # errors name the key as given: train.max_steps
     return RunConfig.from_dict(d)
 
 
@@ -491,7 +498,7 @@ def _build(cls, d: Any, where: str):
     names = {f.name for f in dataclasses.fields(cls)}
     for k in d:
         if k not in names:
-            raise ConfigError(f"unknown key {_join(where, k)!r}")
+            raise ConfigError(f"unknown key {_join(where, k)!r}{did_you_mean(k, names, where)}")
     kwargs = {}
     for f in dataclasses.fields(cls):
         if f.name not in d:

@@ -720,6 +720,27 @@ def is_dry_run(argv: list[str]) -> bool:
     return False
 
 
+# the SLURM profile's account until a user sets theirs (profiles/slurm/config.yaml, EDIT (1))
+PLACEHOLDER_ACCOUNT = "my_account"
+
+
+def placeholder_account(default_resources) -> Optional[str]:
+    """A warning when Snakemake's default resources (`--default-resources`, a profile's
+    `default-resources`: a mapping of name -> value or Snakemake's Resources) still give
+    `slurm_account` as the profile's placeholder; None otherwise."""
+    try:
+        value = default_resources.get("slurm_account") if default_resources is not None else None
+    except (AttributeError, TypeError):
+        return None
+    if value is not None and not isinstance(value, str):  # a snakemake Resource: its text as given
+        value = getattr(value, "raw", None)
+    if isinstance(value, str) and value.strip("'\" ") == PLACEHOLDER_ACCOUNT:
+        return (f"slurm_account is still the placeholder {PLACEHOLDER_ACCOUNT!r} (profiles/slurm/config.yaml): set "
+                f"your account (`sacctmgr show assoc user=$USER`), or delete the line if your site has none; "
+                f"sbatch would refuse every job")
+    return None
+
+
 # ---------------------------------------------------------------------------
 # code each stage depends on
 # ---------------------------------------------------------------------------

@@ -82,7 +82,13 @@ class Axis:
 _OKABE_ITO = {"black": "#000000", "orange": "#E69F00", "sky_blue": "#56B4E9", "bluish_green": "#009E73",
               "yellow": "#F0E442", "blue": "#0072B2", "vermillion": "#D55E00", "reddish_purple": "#CC79A7",
               "grey": "#999999"}
-PALETTE = tuple(_OKABE_ITO.values())  # colour-blind-safe (Okabe & Ito 2008), plus grey
+# Paul Tol's colour-blind-safe "muted" colours that no Okabe–Ito colour is close to
+_TOL_MUTED = {"olive": "#999933", "wine": "#882255", "indigo": "#332288", "teal": "#44AA99", "sand": "#DDCC77"}
+# the colours of the registered conditions, in CANONICAL's order (one each, no two alike:
+# tests/test_registry.py checks their CIELAB distances), then those the other conditions cycle through
+PALETTE = tuple({**_OKABE_ITO, **_TOL_MUTED}[c] for c in (
+    "black", "grey", "vermillion", "blue", "bluish_green", "yellow", "reddish_purple", "olive", "sky_blue", "wine",
+    "orange", "indigo", "teal", "sand"))
 
 READOUTS: dict[str, Readout] = {r.name: r for r in (
     Readout("rmsnorm", "RMSNorm readout", "rmsnorm", "rmsnorm",
@@ -230,20 +236,23 @@ DIAGNOSTICS: dict[str, Diagnostic] = {d.name: d for d in (
 # the condition
 # ---------------------------------------------------------------------------
 # The paper's seven Table-1 conditions in the paper's order, then loopscale's additions:
-# the canonical order of tables, each with its fixed colour (Okabe–Ito). Line style and
-# marker come from the readout, so RMSNorm and LayerNorm lines differ in both.
-CANONICAL: tuple[tuple[tuple[str, str, str, str], str], ...] = (
-    (("rmsnorm", "terminal", "none", "residual"), _OKABE_ITO["black"]),
-    (("raw", "terminal", "none", "residual"), _OKABE_ITO["grey"]),
-    (("rmsnorm", "per_loop", "none", "residual"), _OKABE_ITO["vermillion"]),  # the drifting model
-    (("raw", "per_loop", "none", "residual"), _OKABE_ITO["blue"]),
-    (("final_norm", "per_loop", "none", "residual"), _OKABE_ITO["bluish_green"]),
-    (("rmsnorm", "terminal", "norm_penalty", "residual"), _OKABE_ITO["yellow"]),
-    (("rmsnorm", "per_loop", "norm_penalty", "residual"), _OKABE_ITO["reddish_purple"]),
-    (("layernorm", "per_loop", "none", "residual"), _OKABE_ITO["orange"]),
-    (("rmsnorm", "per_loop", "none", "inter_loop_norm"), _OKABE_ITO["sky_blue"]),
-    (("layernorm", "terminal", "none", "residual"), _OKABE_ITO["black"]),  # LayerNorm's line style tells it apart
+# the canonical order of tables; each condition's colour is the palette's colour at its place
+# (PALETTE), so every registered condition has its own. Line style and marker come from the
+# readout, so RMSNorm and LayerNorm lines differ in those too.
+CANONICAL_BASES: tuple[tuple[str, str, str, str], ...] = (
+    ("rmsnorm", "terminal", "none", "residual"),
+    ("raw", "terminal", "none", "residual"),
+    ("rmsnorm", "per_loop", "none", "residual"),  # the drifting model
+    ("raw", "per_loop", "none", "residual"),
+    ("final_norm", "per_loop", "none", "residual"),
+    ("rmsnorm", "terminal", "norm_penalty", "residual"),
+    ("rmsnorm", "per_loop", "norm_penalty", "residual"),
+    ("layernorm", "per_loop", "none", "residual"),
+    ("rmsnorm", "per_loop", "none", "inter_loop_norm"),
+    ("layernorm", "terminal", "none", "residual"),
 )
+assert len(CANONICAL_BASES) <= len(PALETTE)
+CANONICAL: tuple[tuple[tuple[str, str, str, str], str], ...] = tuple(zip(CANONICAL_BASES, PALETTE))
 _CANONICAL_BASES = tuple(b for b, _ in CANONICAL)
 
 
@@ -344,10 +353,11 @@ class Condition:
     def colour(self) -> str:
         if self.base in _CANONICAL_BASES and self.paper_penalty:
             return CANONICAL[_CANONICAL_BASES.index(self.base)][1]
+        # the other conditions: the palette's colours after the canonical ones, cycled
         others = [b for b in _all_bases() if b not in _CANONICAL_BASES]
         i = others.index(self.base) if self.base in others else len(others)
         i += 0 if self.paper_penalty else int(round(self.penalty_weight * 1000))
-        return PALETTE[i % len(PALETTE)]
+        return PALETTE[(len(CANONICAL) + i) % len(PALETTE)]
 
     @property
     def linestyle(self) -> Union[str, tuple]:

@@ -35,6 +35,9 @@ try:
     if workflow.is_main_process:
         if getattr(workflow.execution_settings, "lock", True):  # not with --nolock
             EXPERIMENT_LOCK = P.lock_experiment(EXP.name)
+        _account = P.placeholder_account(getattr(workflow.resource_settings, "default_resources", None))
+        if _account:  # the SLURM profile as shipped: say so before anything is submitted
+            sys.stderr.write(f"loopscale pipeline: warning: {_account}\n")
         if P.is_dry_run(sys.argv):  # plan from the new configs, then put every file back:
             import atexit           # a dry run (a temporary edit, say) leaves no trace
 

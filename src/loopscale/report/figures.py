@@ -87,20 +87,40 @@ def _legend(fig, groups: list[Group], extra: Optional[list] = None) -> None:
         fig.legend(handles=handles, loc="outside right center", frameon=False)
 
 
+NO_DATA_KEY = "loopscale-no-data"  # PNG text chunk of a figure none of whose panels has data: what is missing
+
+
 def _save(fig, path: Path) -> Path:
     """Atomic PNG write and a PDF beside it (temp file in the same directory, then
-    os.replace); no timestamps. Returns the PNG's path."""
+    os.replace); no timestamps. A figure whose every panel is empty says so in its PNG's
+    `NO_DATA_KEY` text chunk (`no_data`), so the report can leave it out. Returns the PNG's path."""
     _lift_titles(fig)
+    panels = [ax for ax in fig.axes if ax.get_visible()]
+    missing = [getattr(ax, "_no_data", None) for ax in panels]
+    meta = {"Software": None}
+    if panels and all(missing):
+        meta[NO_DATA_KEY] = ", ".join(dict.fromkeys(missing))
     try:
         atomic_write(Path(path).with_suffix(".pdf"), lambda f: fig.savefig(
             f, format="pdf", bbox_inches="tight", metadata={"Creator": None, "Producer": None, "CreationDate": None}))
-        return atomic_write(path, lambda f: fig.savefig(f, format="png", bbox_inches="tight",
-                                                        metadata={"Software": None}))
+        return atomic_write(path, lambda f: fig.savefig(f, format="png", bbox_inches="tight", metadata=meta))
     finally:
         plt.close(fig)
 
 
+def no_data(path: Path) -> Optional[str]:
+    """What a figure written by this module lacks where none of its panels has data (e.g.
+    "radial"), else None (also for a missing or foreign file)."""
+    from PIL import Image
+    try:
+        with Image.open(path) as im:
+            return getattr(im, "text", {}).get(NO_DATA_KEY)
+    except (OSError, ValueError):
+        return None
+
+
 def _empty(ax, what: str) -> None:
+    ax._no_data = what
     ax.text(0.5, 0.5, f"no data\n({what})", ha="center", va="center", transform=ax.transAxes, color="0.4")
 
 
@@ -323,6 +343,7 @@ def _frontier(groups: list[Group], path: Path, ppl_curve, exits_only: bool, titl
     """PPL at depth k (from `ppl_curve`) against the evaluation throughput of k loops, a line
     per condition, k = K_train starred; `exits_only` keeps k ≤ K_train and labels each k."""
     fig, axes, sizes = _panels(groups, overview=True)
+    labels = []
     for ax, size in zip(axes, sizes):
         xs, ys, at_k = [], [], []
         for g in (g for g in groups if g.size == size):
@@ -336,8 +357,7 @@ def _frontier(groups: list[Group], path: Path, ppl_curve, exits_only: bool, titl
                     marker=marker(g.cond), ms=4, lw=1.4)
             for x, y, k in pts:
                 if exits_only:
-                    ax.annotate(f"K={k}", (x, y), xytext=(4, -9), textcoords="offset points", fontsize=7,
-                                color=colour(g.cond))
+                    labels.append((ax, x, y, f"k={k}", colour(g.cond)))
                 if k == size.n_loops:
                     at_k.append(y)
                     ax.plot([x], [y], marker="*", color=colour(g.cond), ms=13, mec="k", mew=0.6)
@@ -352,7 +372,40 @@ def _frontier(groups: list[Group], path: Path, ppl_curve, exits_only: bool, titl
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
     _legend(fig, groups, [Line2D([], [], color="0.3", marker="*", ms=11, ls="", mec="k", label="k = K_train")])
+    if labels:
+        _place_labels(fig, labels)
     return _save(fig, path)
+
+
+# where a point's label may go, in points from the point: right below first, then around it
+_LABEL_OFFSETS = ((4, -10), (4, 3), (-4, 3), (-4, -10), (6, -4), (-6, -4), (0, 7), (0, -13))
+
+
+def _place_labels(fig, labels: list) -> int:
+    """Annotate each (ax, x, y, text, colour) at the first offset (`_LABEL_OFFSETS`) where it
+    overlaps no label already placed and stays inside its panel; a label with no free place
+    is left out (the points stay, and their values are in the tables). Returns how many were
+    left out."""
+    fig.canvas.draw()  # the final layout (constrained): text extents in display units
+    renderer = fig.canvas.get_renderer()
+    placed = [t.get_window_extent(renderer) for ax in fig.axes if ax.get_visible() for t in ax.texts]  # notes
+    dropped = 0
+    for ax, x, y, text, col in labels:
+        if not (ax.get_visible() and np.isfinite(x) and np.isfinite(y)):
+            continue
+        box_ax = ax.get_window_extent(renderer)
+        for dx, dy in _LABEL_OFFSETS:
+            t = ax.annotate(text, (x, y), xytext=(dx, dy), textcoords="offset points", fontsize=7, color=col,
+                            ha="left" if dx >= 0 else "right", annotation_clip=True)
+            bb = t.get_window_extent(renderer).expanded(1.05, 1.1)
+            inside = (bb.x0 >= box_ax.x0 and bb.x1 <= box_ax.x1 and bb.y0 >= box_ax.y0 and bb.y1 <= box_ax.y1)
+            if inside and not any(bb.overlaps(o) for o in placed):
+                placed.append(bb)
+                break
+            t.remove()
+        else:
+            dropped += 1
+    return dropped
 
 
 def fig_frontier(groups: list[Group], path: Path) -> Path:
