@@ -838,6 +838,18 @@ def train_steps(n_tokens: int, seq_len: int, stride: int, batch_size: int, epoch
 # ---------------------------------------------------------------------------
 # reading prepared data
 # ---------------------------------------------------------------------------
+def tokenizer_mismatch(meta: dict, tokenizer_sha256: Optional[str], vocab_size: int) -> Optional[str]:
+    """Why prepared data (its meta.json) cannot feed a model of this tokenizer and vocabulary, or
+    None: another tokenizer where both record its hash, or more token ids than the model embeds.
+    Each caller words its own one-line error around it (ouro-depth, train-stream --val-data)."""
+    have = meta.get("tokenizer_sha256")
+    if tokenizer_sha256 and have and have != tokenizer_sha256:
+        return f"was tokenised with another tokenizer (tokenizer_sha256 {have[:12]} vs {tokenizer_sha256[:12]})"
+    if isinstance(meta.get("vocab_size"), int) and meta["vocab_size"] > vocab_size:
+        return f"uses {meta['vocab_size']} token ids, more than the {vocab_size} the model embeds"
+    return None
+
+
 def load_meta(data_dir: PathLike) -> dict:
     """The ``meta.json`` of a prepared data directory."""
     path = Path(data_dir) / "meta.json"

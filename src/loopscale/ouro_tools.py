@@ -117,15 +117,10 @@ def check_data_tokenizer(model_path: str | Path, data_dir: str | Path, model_voc
     the recorded hashes where the model has one, the vocabulary size always."""
     from . import data as D
     from .io import CheckpointError
-    meta = D.load_meta(data_dir)
-    want, have = model_tokenizer_sha256(model_path), meta.get("tokenizer_sha256")
-    if want and have and want != have:
-        raise CheckpointError(f"{data_dir} was tokenised with another tokenizer than {model_path} "
-                              f"(tokenizer_sha256 {have[:12]} vs {want[:12]}): prepare the data with the model's "
+    why = D.tokenizer_mismatch(D.load_meta(data_dir), model_tokenizer_sha256(model_path), model_vocab)
+    if why:
+        raise CheckpointError(f"{data_dir} does not fit {model_path}: it {why}; prepare the data with the model's "
                               f"tokenizer (loopscale prepare-data --tokenizer MODEL/tokenizer.json)")
-    if isinstance(meta.get("vocab_size"), int) and meta["vocab_size"] > model_vocab:
-        raise CheckpointError(f"{data_dir} uses {meta['vocab_size']} token ids but {model_path} embeds only "
-                              f"{model_vocab}: prepare the data with the model's tokenizer")
 
 
 def eval_windows(data_dir: str | Path, seq_len: int, max_windows: int, split: str = "validation") -> torch.Tensor:

@@ -62,16 +62,11 @@ def check_val_data(val_data: str | Path, tok, vocab_size: int, where: str) -> No
     import hashlib
 
     from . import data as D
-    meta = D.load_meta(val_data)
-    have = meta.get("tokenizer_sha256")
     want = hashlib.sha256(tok.to_str(pretty=True).encode("utf-8")).hexdigest()
-    if have and have != want:
-        raise ConfigError(f"--val-data {val_data} was tokenised with another tokenizer than stream.tokenizer "
-                          f"{where!r} (tokenizer_sha256 {have[:12]} vs {want[:12]}): prepare it with "
+    why = D.tokenizer_mismatch(D.load_meta(val_data), want, vocab_size)
+    if why:
+        raise ConfigError(f"--val-data {val_data} does not fit stream.tokenizer {where!r}: it {why}; prepare it with "
                           f"`loopscale prepare-data --tokenizer` and the stream's tokenizer.json")
-    if isinstance(meta.get("vocab_size"), int) and meta["vocab_size"] > vocab_size:
-        raise ConfigError(f"--val-data {val_data} uses {meta['vocab_size']} token ids, more than model.vocab_size "
-                          f"{vocab_size}")
 
 
 def train_stream(cfg: RunConfig, s: StreamConfig, out_dir: str | Path, *, val_data: Optional[str | Path] = None,
