@@ -523,6 +523,42 @@ def test_a_dry_run_leaves_no_trace(dry_workspace):
         (dry_workspace / "params.yaml").write_text(good)
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_an_interrupted_dry_run_leaves_no_trace(dry_workspace, tmp_path, sig):
+    """A signal while `snakemake -n` writes a big grid's configs (atexit does not run on one):
+    the writes are put back, the process ends by that signal, no file or directory stays."""
+    params = yaml.safe_load((dry_workspace / "params.yaml").read_text())
+    smoke = params["experiments"]["smoke"]
+    per_seed = len(P.load_and_validate(dry_workspace / "params.yaml", SCHEMA,
+                                       overrides={"experiment": "smoke"})[1]["smoke"].runs) // len(smoke["seeds"])
+    smoke["seeds"] = list(range(C.LIMITS["grid_runs"] // per_seed))  # the largest grid allowed
+    big = tmp_path / "big.yaml"
+    big.write_text(yaml.safe_dump(params, sort_keys=False))
+    runs = dry_workspace / "runs" / "smoke"
+    P.materialize(P.load_and_validate(dry_workspace / "params.yaml", SCHEMA,
+                                      overrides={"experiment": "smoke"})[1]["smoke"], dry_workspace)
+    before = tree_digest(dry_workspace)
+    dirs = sorted(p for p in dry_workspace.rglob("*") if p.is_dir() and ".snakemake" not in p.parts)
+    proc = subprocess.Popen([SNAKEMAKE, "-n", "--config", "experiment=smoke", f"params={big}"], cwd=dry_workspace,
+                            env=pipeline_env(dry_workspace), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 300
+        while proc.poll() is None and time.monotonic() < deadline:  # the first new run's config
+            if any(p.name not in ("seed42",) for p in runs.glob("*/*/seed*")):
+                break
+            time.sleep(0.01)
+        assert proc.poll() is None, f"the dry run ended before it was interrupted: {proc.stderr.read()[-2000:]}"
+        proc.send_signal(sig)
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -sig, proc.stderr.read()[-2000:]
+    assert tree_digest(dry_workspace) == before
+    assert sorted(p for p in dry_workspace.rglob("*") if p.is_dir() and ".snakemake" not in p.parts) == dirs
+    assert not [p for p in dry_workspace.rglob("*.tmp")]
+
+
 def test_bad_params_stop_snakemake_with_one_line(dry_workspace):
     before = tree_digest(dry_workspace)
     good = (dry_workspace / "params.yaml").read_text()

@@ -374,3 +374,53 @@ def test_the_readme_runs_as_written(tmp_path):
             assert "['The', ' ', 'Congress', ' ', 'of'" in proc.stdout
     assert (repo / "results" / "smoke" / "REPORT.md").is_file()
     assert (repo / "runs" / "demo" / "rmsnorm" / "model.safetensors").is_file()
+
+
+# ---------------------------------------------------------------------------
+# docs/troubleshooting.md names the test of each promise: every one must exist
+# ---------------------------------------------------------------------------
+TEST_REF = re.compile(r"tests/[\w/]+\.py(?:::\w+)+")
+
+
+def test_definitions(path: Path) -> dict[str, set[str]]:
+    """The tests a file defines, parsed (not imported or collected): top-level test functions
+    and classes, each class with its test methods, as {name: {method names}}."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out: dict[str, set[str]] = {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+            out[node.name] = set()
+        elif isinstance(node, ast.ClassDef) and node.name.startswith("Test"):
+            out[node.name] = {n.name for n in node.body
+                              if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith("test")}
+    return out
+
+
+def missing_tests(text: str, root: Path = REPO) -> list[str]:
+    """The `tests/FILE.py::NAME[::METHOD]` references in `text` that name no test in `root`."""
+    gone, parsed = [], {}
+    for ref in sorted(set(TEST_REF.findall(text))):
+        file, *names = ref.split("::")
+        path = root / file
+        if not path.is_file():
+            gone.append(ref)
+            continue
+        defs = parsed.setdefault(file, test_definitions(path))
+        if names[0] not in defs or len(names) > 2 or (len(names) == 2 and names[1] not in defs[names[0]]):
+            gone.append(ref)
+    return gone
+
+
+def test_every_test_named_in_troubleshooting_exists():
+    text = (REPO / "docs" / "troubleshooting.md").read_text(encoding="utf-8")
+    assert len(set(TEST_REF.findall(text))) >= 10  # the promises of issue 34 each name their test
+    assert missing_tests(text) == []
+
+
+@pytest.mark.parametrize("ref", ["tests/test_reliability4.py::TestNoSuchClass",
+                                 "tests/test_reliability4.py::TestLimits::test_no_such_method",
+                                 "tests/test_pipeline.py::test_no_such_test", "tests/test_gone.py::test_x",
+                                 "tests/test_reliability4.py::one_line_error"])  # a helper is not a test
+def test_a_renamed_or_removed_test_is_caught(ref):
+    text = (REPO / "docs" / "troubleshooting.md").read_text(encoding="utf-8")
+    assert missing_tests(f"{text}\n({ref})\n") == [ref]

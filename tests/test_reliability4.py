@@ -494,3 +494,128 @@ class TestLowFindings:
         path = write_hf(tmp_path / "ckpt", {**HF_TINY, "total_ut_steps": LIMITS["n_loops"] + 1},
                         published_tensors(HF_TINY))
         one_line_error(capsys, ["ouro-import", path, "--out", tmp_path / "run"], "total_ut_steps")
+
+
+# ---------------------------------------------------------------------------
+# a corpus or split smaller than one window (data.check_windows): prepare-data with a model,
+# train (the pipeline's train job), train-stream's --val-data
+# ---------------------------------------------------------------------------
+class TestCorpusSmallerThanAWindow:
+    """Training and evaluation read whole windows of seq_len+1 tokens: a split shorter than one
+    is refused in one line naming the split (and its file) and both sizes, before training."""
+
+    def corpus(self, tmp_path, short: str, short_words: int = 12) -> dict:
+        """text-files of random words; the `short` split gets `short_words` words, the others 3,000."""
+        g = torch.Generator().manual_seed(1)
+        files = {}
+        for split in ("train", "validation", "test"):
+            n = short_words if split == short else 3000
+            ids = torch.randint(0, 40, (n,), generator=g).tolist()
+            files[split] = tmp_path / f"{split}.txt"
+            files[split].write_text(" ".join(f"w{i}" for i in ids) + "\n")
+        return files
+
+    def data_config(self, tmp_path, files, name="data.yaml") -> Path:
+        """A data-only config, as the pipeline's data/<exp>/config.yaml."""
+        import yaml
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump({"data": {
+            "source": "text-files", "train_file": str(files["train"]), "validation_file": str(files["validation"]),
+            "test_file": str(files["test"]), "tokenizer": "word", "vocab_size": 64, "min_frequency": 1}}))
+        return path
+
+    @staticmethod
+    def refused(capsys, argv, needle: str) -> str:
+        """prepare-data's error: one line after its progress (which encoding prints on stderr)."""
+        capsys.readouterr()
+        assert main([str(a) for a in argv]) == 2
+        errors = [ln for ln in capsys.readouterr().err.splitlines() if "error" in ln]
+        assert len(errors) == 1 and errors[0].startswith("loopscale: error: ") and needle in errors[0], errors
+        return errors[0]
+
+    def counts(self, tmp_path, config) -> dict:
+        """The token count of every split (derived by preparing the corpus with no model given)."""
+        assert main(["prepare-data", "--config", str(config), "--out", str(tmp_path / "counted")]) == 0
+        return D.load_meta(tmp_path / "counted")["tokens"]
+
+    @pytest.mark.parametrize("short", ["train", "validation", "test"])
+    def test_prepare_data_refuses_a_split_shorter_than_the_models_window(self, tmp_path, capsys, short):
+        files = self.corpus(tmp_path, short)
+        config = self.data_config(tmp_path, files)
+        n = self.counts(tmp_path, config)[short]
+        seq_len = n  # one token short of a window
+        out = tmp_path / "prepared"
+        assert main(["prepare-data", "--config", str(config), "--out", str(out)]) == 0  # an earlier preparation
+        before = tree(out)
+        line = self.refused(capsys, ["prepare-data", "--config", config, "--preset", "smoke", "--set",
+                                       f"model.seq_len={seq_len}", "--out", out], f"the {short} split")
+        assert str(files[short]) in line and f"{n:,} tokens" in line and f"{seq_len + 1:,}" in line
+        assert tree(out) == before  # the earlier preparation is whole
+        assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
+        # one token more than the short split holds is refused, a window that fits is not
+        assert main(["prepare-data", "--config", str(config), "--preset", "smoke", "--set",
+                     f"model.seq_len={n - 1}", "--out", str(out)]) == 0
+
+    def test_a_model_in_the_config_file_is_checked_too(self, tmp_path, capsys):
+        import yaml
+        files = self.corpus(tmp_path, "train")
+        config = self.data_config(tmp_path, files)
+        n = self.counts(tmp_path, config)["train"]
+        with_model = tmp_path / "run.yaml"
+        with_model.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "preset": "smoke",
+                                              "model": {"seq_len": n}}))
+        self.refused(capsys, ["prepare-data", "--config", with_model, "--out", tmp_path / "out"], "the train split")
+        assert not (tmp_path / "out" / "meta.json").exists()
+
+    @pytest.mark.parametrize("short", ["train", "validation"])
+    def test_train_refuses_a_split_shorter_than_a_window_before_training(self, tmp_path, capsys, monkeypatch, short):
+        """The pipeline's two jobs: prepare-data on its data-only config (which names no model),
+        then train on the run's config: refused before a step, naming the split."""
+        import loopscale.train as T
+        files = self.corpus(tmp_path, short)
+        config = self.data_config(tmp_path, files)
+        data = tmp_path / "data"
+        assert main(["prepare-data", "--config", str(config), "--out", str(data)]) == 0
+        n = D.load_meta(data)["tokens"][short]
+        trained = []
+        orig = T.train_step
+        monkeypatch.setattr(T, "train_step", lambda *a, **k: trained.append(1) or orig(*a, **k))
+        run = tmp_path / "run"
+        line = one_line_error(capsys, ["train", "--preset", "smoke", "--data", data, "--out", run, "-q", "--set",
+                                       f"model.seq_len={n}", "--set", "train.batch_size=1",
+                                       "--set", "train.max_steps=2"], f"the {short} split")
+        assert str(data) in line and f"{n:,} tokens" in line and f"{n + 1:,}" in line
+        assert not trained and not (run / "model.pt").exists()
+
+    def test_train_stream_refuses_val_data_shorter_than_a_window_before_training(self, tmp_path, monkeypatch):
+        from test_ouro_fineweb import WORDS, fineweb_rows
+
+        import loopscale.train as T
+        from loopscale import fineweb as FW
+        from loopscale import train_stream as TS
+        pq.write_table(pa.Table.from_pylist(fineweb_rows()), tmp_path / "fw.parquet")
+        from tokenizers import Tokenizer, models, pre_tokenizers
+        tok = Tokenizer(models.WordLevel({"<unk>": 0, **{w: i + 1 for i, w in enumerate(WORDS)}}, unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        (tmp_path / "tok").mkdir()
+        tok.save(str(tmp_path / "tok" / "tokenizer.json"))
+        root = tmp_path / "text"
+        root.mkdir()
+        (root / "train.txt").write_text(" ".join(WORDS * 50))
+        (root / "valid.txt").write_text(" ".join(WORDS[:5]))
+        dc = DataConfig(source="text-files", train_file=str(root / "train.txt"),
+                        validation_file=str(root / "valid.txt"), tokenizer="word", vocab_size=len(WORDS) + 1)
+        val = tmp_path / "val"
+        D.prepare_data(dc, val, show_progress=False, tokenizer=tok)
+        n = D.load_meta(val)["tokens"]["validation"]
+        cfg = preset("ouro-smoke", {"model": {"seq_len": n}, "train": {"batch_size": 2, "grad_accum": 1,
+                                                                         "max_steps": 2, "log_every": 1}})
+        s = FW.StreamConfig.from_dict({"data_files": [str(tmp_path / "fw.parquet")], "shuffle_buffer": 0,
+                                       "tokenizer": str(tmp_path / "tok"), "warmup_steps": 1})
+        trained = []
+        orig = T.train_step
+        monkeypatch.setattr(T, "train_step", lambda *a, **k: trained.append(1) or orig(*a, **k))
+        with pytest.raises(D.DataError, match=f"--val-data {val}: the validation split is too small: {n:,} tokens") as e:
+            TS.train_stream(cfg, s, tmp_path / "run", val_data=val)
+        assert len(str(e.value).splitlines()) == 1
+        assert not trained and not (tmp_path / "run" / "model.pt").exists()

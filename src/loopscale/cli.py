@@ -63,6 +63,20 @@ def cmd_config(args) -> int:
     return 0
 
 
+def model_given(args) -> bool:
+    """Whether the command line names a model: --preset, a model.* override, or a config
+    file with a `model:` or `preset:` (a data-only config, as the pipeline's, names none)."""
+    if args.preset or any(o.strip().startswith("model.") for o in args.overrides):
+        return True
+    if args.config:
+        try:
+            raw = yaml.safe_load(Path(args.config).read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
+            return False  # resolve() has already read it; a file that changed since names no model
+        return isinstance(raw, dict) and ("model" in raw or "preset" in raw)
+    return False
+
+
 def cmd_prepare_data(args) -> int:
     from . import data as D
     cfg = config_from_args(args)
@@ -77,7 +91,10 @@ def cmd_prepare_data(args) -> int:
         except Exception as e:  # not UTF-8, not JSON, not a tokenizers schema
             first = (str(e).splitlines() or [type(e).__name__])[0][:160]
             raise D.DataError(f"tokenizer file {args.tokenizer} is not a tokenizers JSON file ({first})") from None
-    meta = D.prepare_data(cfg.data, args.out, tokenizer=tok)
+    # a model given (a preset, a config with a model or preset, --set model.*): every split
+    # must hold one window of its model.seq_len+1 tokens, checked before the directory is touched
+    seq_len = cfg.model.seq_len if model_given(args) else None
+    meta = D.prepare_data(cfg.data, args.out, tokenizer=tok, seq_len=seq_len)
     print(json.dumps({k: meta.get(k) for k in ("vocab_size", "tokens")}))
     return 0
 

@@ -668,7 +668,7 @@ def _loopscale_version() -> str:
 
 def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True,
                  tokenizer: Optional[Tokenizer] = None, eval_only: bool = False,
-                 _corpus: Optional[dict] = None) -> dict:
+                 _corpus: Optional[dict] = None, seq_len: Optional[int] = None) -> dict:
     """Load, tokenise and store a corpus in `out_dir`; return the meta dict (also `meta.json`).
 
     `tokenizer` (e.g. a converted model's): encode with it instead of fitting one.
@@ -689,7 +689,10 @@ def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True,
     Bad input fails before anything is written; then an existing ``meta.json`` is removed
     first and the new one written last. Raises
     `DataError` for a vocabulary over 65,535, an empty corpus or an empty train or
-    validation split. The output is byte-for-byte deterministic for a given config and corpus.
+    validation split, and, with `seq_len` (a model's ``model.seq_len``), for a split that
+    holds fewer tokens than one window of ``seq_len + 1`` (`check_windows`; checked after
+    encoding, before any file of `out_dir` is touched). The output is byte-for-byte
+    deterministic for a given config and corpus.
     """
     _check_vocab_setting(cfg)
     out = Path(out_dir)
@@ -718,23 +721,34 @@ def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True,
     if tok.get_vocab_size(with_added_tokens=True) > MAX_VOCAB:
         raise DataError(f"the tokenizer has {tok.get_vocab_size(with_added_tokens=True)} ids: too many for uint16 token files")
     tok_json = tok.to_str(pretty=True).encode("utf-8")
-    # Nothing is touched until the corpus has loaded and the tokenizer is fitted, so bad input
-    # leaves a prepared directory as it was. From here meta.json is removed first and written
-    # last: without it the directory reads as "not prepared", so a run that fails half-way
-    # never leaves a new tokenizer beside old token files looking valid.
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "meta.json").unlink(missing_ok=True)
-    atomic_write_bytes(out / "tokenizer.json", tok_json)
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
-
     unk_id = unk_token_id(tok)
     split_hash = {s: hashlib.sha256(texts[s].encode("utf-8")).hexdigest() for s in SPLITS}
     source_hash = hashlib.sha256()
     for s in SPLITS:
         source_hash.update(f"{s}\0{split_hash[s]}\0".encode())
 
-    written = {s: _write_split(tok, texts[s], out, s, show_progress, unk_id) for s in SPLITS}
-    counts = {s: n for s, (n, _, _) in written.items()}
+    # Nothing of a prepared directory is touched until the corpus has loaded, the tokenizer
+    # is fitted and every split is encoded (into hidden files beside the final names) and
+    # checked, so bad input leaves it as it was. Then meta.json is removed first and written
+    # last: without it the directory reads as "not prepared", so a run that fails half-way
+    # never leaves a new tokenizer beside old token files looking valid.
+    out.mkdir(parents=True, exist_ok=True)
+    staged = {s: out / f".{s}.bin.staged" for s in SPLITS}
+    try:
+        written = {s: _write_split(tok, texts[s], out, s, show_progress, unk_id, path=staged[s]) for s in SPLITS}
+        counts = {s: n for s, (n, _, _) in written.items()}
+        if seq_len is not None:
+            check_windows(counts, seq_len, f"data.source={cfg.source}",
+                          [s for s in SPLITS if s != "train" or not (streamed or eval_only)],
+                          files=_split_files(cfg))
+        (out / "meta.json").unlink(missing_ok=True)
+        atomic_write_bytes(out / "tokenizer.json", tok_json)
+        for s in SPLITS:
+            os.replace(staged[s], out / f"{s}.bin")
+    finally:
+        for path in staged.values():
+            path.unlink(missing_ok=True)
 
     meta = {
         "format": "loopscale-tokens/1",
@@ -765,7 +779,7 @@ def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True,
         ecfg, ecorpus = eval_corpus
         meta["eval_corpus"] = {"name": ecfg.source, "dir": ecfg.source}
         prepare_data(ecfg, out / ecfg.source, show_progress=show_progress, tokenizer=tok, eval_only=True,
-                     _corpus=ecorpus)
+                     _corpus=ecorpus, seq_len=seq_len)
     atomic_write_bytes(out / "meta.json", (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode("utf-8"))
     log.info("prepared %s in %s: vocab %d, tokens %s", cfg.source, out, vocab_size,
              ", ".join(f"{s} {counts[s]:,}" for s in SPLITS))
@@ -773,9 +787,9 @@ def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True,
 
 
 def _write_split(tok: Tokenizer, text: str, out: Path, split: str, show_progress: bool,
-                 unk_id: Optional[int] = UNK_ID) -> tuple[int, str, int]:
-    """Encode one split's text into `<split>.bin` (atomically); return its token count, the
-    file's sha256 and its count of unknown-token ids (`unk_token_id`; 0 without one)."""
+                 unk_id: Optional[int] = UNK_ID, path: Optional[Path] = None) -> tuple[int, str, int]:
+    """Encode one split's text into `<split>.bin` (or `path`; atomically); return its token
+    count, the file's sha256 and its count of unknown-token ids (`unk_token_id`; 0 without one)."""
     from tqdm.auto import tqdm
 
     log.info("encoding %s: %s characters", split, f"{len(text):,}")
@@ -791,7 +805,7 @@ def _write_split(tok: Tokenizer, text: str, out: Path, split: str, show_progress
                 digest.update(chunk)
                 n_tokens += int(ids.size)
                 n_unk += int(np.count_nonzero(ids == unk_id)) if unk_id is not None else 0
-    atomic_write(out / f"{split}.bin", write)
+    atomic_write(path or out / f"{split}.bin", write)
     return n_tokens, digest.hexdigest(), n_unk
 
 
@@ -932,6 +946,30 @@ def load_tokenizer(data_dir: PathLike) -> Tokenizer:
 # ---------------------------------------------------------------------------
 # windows and batches
 # ---------------------------------------------------------------------------
+def _split_files(cfg: DataConfig) -> dict[str, str]:
+    """The file each split was read from, where the source names one (data.source=text-files)."""
+    if cfg.source != "text-files":
+        return {}
+    files = {"train": cfg.train_file, "validation": cfg.validation_file, "test": cfg.test_file}
+    return {s: f for s, f in files.items() if f}
+
+
+def check_windows(counts: dict, seq_len: int, where: str, splits: Iterable[str] = SPLITS,
+                  files: Optional[dict] = None) -> None:
+    """Raise one `DataError` line naming the first of `splits` that holds fewer tokens than one
+    window of ``seq_len + 1`` (training and evaluation read whole windows only: such a split
+    trains or scores nothing). An empty test split (a source without one) passes; `where`
+    names the data (a directory, a source), `files` the file each split came from."""
+    for s in splits:
+        n = int(counts.get(s, 0))
+        if s == "test" and n == 0:
+            continue
+        if n < seq_len + 1:
+            src = f" (from {files[s]})" if files and files.get(s) else ""
+            raise DataError(f"{where}: the {s} split{src} is too small: {n:,} tokens, fewer than one window of "
+                            f"model.seq_len+1 = {seq_len + 1:,}; give it more text or lower model.seq_len")
+
+
 def _check_window(n_tokens: int, seq_len: int) -> None:
     if seq_len < 1:
         raise DataError(f"seq_len must be positive, got {seq_len}")

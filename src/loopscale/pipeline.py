@@ -33,10 +33,12 @@ from __future__ import annotations
 
 import argparse
 import ast
+import contextlib
 import itertools
 import json
 import os
 import re
+import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -653,24 +655,33 @@ def compact_data(data: dict) -> dict:
     return {k: v for k, v in data.items() if not (k in FINEWEB_KEYS and v == defaults[k])}
 
 
-def materialize(exp: Experiment, root: str | os.PathLike = ".", undo: Optional[list] = None) -> list[str]:
+# the signals that end a dry run early (Ctrl-C, kill, a closed terminal): `dry_materialize`
+# puts back what it wrote before the process ends by one
+INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def materialize(exp: Experiment, root: str | os.PathLike = ".", undo: Optional[list] = None,
+                step=None) -> list[str]:
     """Write the experiment's data config and every run's configs (write-if-changed).
 
     Returns the paths that were (re)written. With an `undo` list, what each write replaced
     (the old bytes and times, or nothing) and each directory it created are recorded there
-    for `undo_writes`: a dry run plans from the new files, then puts everything back."""
+    for `undo_writes`: a dry run plans from the new files, then puts everything back.
+    `step()`, a context manager, holds each write with its record (`dry_materialize` defers
+    a signal's undo until both are done, so the undo never misses a file)."""
     root = Path(root)
     written = []
 
     def write(rel: Path, text: str) -> None:
         path = root / rel
-        if undo is not None:
-            before = _file_state(path)
-            created = [d for d in reversed(path.parents) if not d.exists()]
-        if write_if_changed(path, text):
-            written.append(str(rel))
+        with step() if step else contextlib.nullcontext():
             if undo is not None:
-                undo.append((path, before, created))
+                before = _file_state(path)
+                created = [d for d in reversed(path.parents) if not d.exists()]
+            if write_if_changed(path, text):
+                written.append(str(rel))
+                if undo is not None:
+                    undo.append((path, before, created))
     write(Path(exp.data_dir) / "config.yaml",
           _HEADER.format(what=f"experiment {exp.name}, data settings") + _dump({"data": compact_data(exp.data)}))
     for run in exp.runs:
@@ -707,6 +718,52 @@ def undo_writes(undo: list) -> None:
                 d.rmdir()
         except OSError:
             continue  # not empty (another file appeared): left as it is
+
+
+def dry_materialize(exp: Experiment, root: str | os.PathLike = ".") -> list:
+    """`materialize` for a dry run (`snakemake -n`), which must leave no trace: everything it
+    writes is put back when the process exits (atexit) or is ended by one of `INTERRUPTS`
+    (atexit does not run on a signal): the handler undoes the writes, then ends the process
+    by the same signal. A signal that arrives during a write waits for the write and its
+    undo record. Installed for the rest of the process (the dry run plans from the files
+    after this returns). Returns the undo list."""
+    undo: list = []
+    state = {"pending": True, "busy": False, "signal": None}
+
+    def put_back() -> None:
+        if state["pending"]:
+            state["pending"] = False
+            undo_writes(undo)
+
+    def end(signum: int) -> None:
+        for sig in INTERRUPTS:  # a second Ctrl-C waits for the undo
+            signal.signal(sig, signal.SIG_IGN)
+        put_back()
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)  # ended as by the signal (exit status 128 + signum)
+
+    def interrupted(signum, frame) -> None:
+        if state["busy"]:
+            state["signal"] = signum
+        else:
+            end(signum)
+
+    @contextlib.contextmanager
+    def step():
+        state["busy"] = True
+        try:
+            yield
+        finally:
+            state["busy"] = False
+        if state["signal"] is not None:
+            end(state["signal"])
+
+    import atexit
+    atexit.register(put_back)
+    for sig in INTERRUPTS:
+        signal.signal(sig, interrupted)
+    materialize(exp, root, undo=undo, step=step)
+    return undo
 
 
 def is_dry_run(argv: list[str]) -> bool:

@@ -556,6 +556,9 @@ def _train(cfg: RunConfig, data_dir: str | Path, out: Path, *, resume: bool, pro
     if meta["vocab_size"] > mc.vocab_size:
         raise D.DataError(f"data vocabulary ({meta['vocab_size']}) exceeds model.vocab_size ({mc.vocab_size}); "
                           f"raise model.vocab_size or re-prepare the data")
+    # a split shorter than one window would train on nothing or fail at the first validation,
+    # after training: refused here, naming the split, before anything is built
+    D.check_windows(meta["tokens"], mc.seq_len, f"data {data_dir}", ("train", "validation"))
     train_tokens = D.load_split(data_dir, "train")
     val_tokens = D.load_split(data_dir, "validation")
     starts = D.train_window_starts(len(train_tokens), mc.seq_len, tc.stride)

@@ -126,6 +126,7 @@ def _train_stream(cfg: RunConfig, s: StreamConfig, out: Path, fingerprint: str, 
     val_tokens = None
     if val_data:  # before anything trains: data of another tokenizer is refused, never evaluated after training
         check_val_data(val_data, tok, mc.vocab_size, s.tokenizer)
+        D.check_windows(D.load_meta(val_data)["tokens"], mc.seq_len, f"--val-data {val_data}", ("validation",))
         val_tokens = D.load_split(val_data, "validation")
 
     torch.manual_seed(tc.seed)

@@ -14,7 +14,8 @@
 # snakemake on the same experiment stops here with one line, having written nothing.
 # Job processes that parse this file again (cluster jobs) write nothing. A dry run
 # (`snakemake -n`) writes them too, so that it plans from them, and puts back every file
-# and mtime it changed when it exits: it leaves no run directory or config behind.
+# and mtime it changed when it exits, also when interrupted (SIGINT, SIGTERM, SIGHUP): it
+# leaves no run directory or config behind (pipeline.dry_materialize).
 import json
 import os
 import re
@@ -38,12 +39,8 @@ try:
         _account = P.placeholder_account(getattr(workflow.resource_settings, "default_resources", None))
         if _account:  # the SLURM profile as shipped: say so before anything is submitted
             sys.stderr.write(f"loopscale pipeline: warning: {_account}\n")
-        if P.is_dry_run(sys.argv):  # plan from the new configs, then put every file back:
-            import atexit           # a dry run (a temporary edit, say) leaves no trace
-
-            DRY_RUN_WRITES = []
-            P.materialize(EXP, undo=DRY_RUN_WRITES)
-            atexit.register(P.undo_writes, DRY_RUN_WRITES)
+        if P.is_dry_run(sys.argv):  # plan from the new configs, then put every file back at exit
+            DRY_RUN_WRITES = P.dry_materialize(EXP)  # or on Ctrl-C / SIGTERM: no trace either way
         else:
             P.materialize(EXP)
     # the code each stage runs (every module its entry module imports): an input of its jobs
