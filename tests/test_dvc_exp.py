@@ -1,34 +1,48 @@
-"""DVC experiments that compare: two `dvc exp run` of the smoke stage with different settings
-(through exp.yaml, the `-S` surface) in a copy of the session's completed smoke workspace
-(tests/test_pipeline.py); each retrains every run at its setting, `dvc metrics show` changes,
-`dvc exp show --json` then lists both side by side with different metric values under stable
-`<condition>.<metric>` names, and the commented params.yaml is left byte-identical."""
+"""DVC experiments that compare one change at a time: `dvc exp run --temp smoke_dvc -S
+exp.yaml:smoke_dvc.<key>=<value>` (dvc.yaml, docs/pipeline.md) runs the smoke grid under its own
+name (runs/smoke_dvc, never `make smoke`'s runs/smoke) beside the workspace, from the committed
+exp.yaml. Two experiments with different single changes each differ from the baseline in their
+own setting only, the workspace (exp.yaml included) is left as it was, the baseline row carries
+the committed results/smoke_dvc/metrics.json, and `dvc exp show --only-changed` names just the
+changed settings and the metrics they moved."""
 from __future__ import annotations
 
+import csv
+import io
 import json
+import re
 
 import pytest
 import yaml
 
 from loopscale import pipeline as P
-from test_dvc_metrics import metrics_of
-from test_pipeline import (DVC, REPO, SCHEMA, copy_worktree, fresh_copy, run, smoke_local,  # noqa: F401  (fixture)
-                           smoke_runs)
+from test_pipeline import DVC, REPO, SCHEMA, copy_worktree, git, run
 
-CONDITIONS = {"rmsnorm-per_loop-none-residual", "raw-per_loop-none-residual"}
+EXP = "smoke_dvc"  # the experiment (and DVC stage) that `dvc exp run` changes
 
 
-def _experiments(shown: list) -> dict:
-    """{experiment name: (params of exp.yaml, metrics of results/smoke/metrics.json)}."""
+def _flat(d: dict, prefix: str = "") -> dict:
     out = {}
-    for baseline in shown:
-        for exp in (baseline.get("experiments") or []):
-            for rev in exp["revs"]:
-                data = rev.get("data") or {}
-                if rev.get("name") and data.get("metrics"):
-                    out[rev["name"]] = (data["params"]["exp.yaml"]["data"],
-                                        data["metrics"]["results/smoke/metrics.json"]["data"])
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flat(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
     return out
+
+
+def _rows(shown: list) -> tuple[dict, dict]:
+    """(the baseline commit's row, {experiment name: row}) of `dvc exp show --json`; a row is
+    (sha, params of exp.yaml, params of params.yaml, metrics of results/smoke_dvc/metrics.json)."""
+    def row(rev):
+        data = rev.get("data") or {}
+        params, metrics = data.get("params") or {}, data.get("metrics") or {}
+        return (rev["rev"], params.get("exp.yaml", {}).get("data"), params.get("params.yaml", {}).get("data"),
+                metrics.get(f"results/{EXP}/metrics.json", {}).get("data"))
+    baseline = next(b for b in shown if b["rev"] != "workspace")
+    exps = {rev["name"]: row(rev) for e in (baseline.get("experiments") or []) for rev in e["revs"]
+            if rev.get("name")}
+    return row(baseline), exps
 
 
 def _layered(tmp_path, settings: str):
@@ -38,15 +52,36 @@ def _layered(tmp_path, settings: str):
 
 def test_exp_yaml_layers_over_params(tmp_path):
     """exp.yaml's model/train keys reach every run of the experiment (over the preset and the
-    experiment's own train settings), its seeds replace the experiment's; others are untouched."""
+    experiment's own train settings), its seeds replace the experiment's; others are untouched.
+    The committed exp.yaml states the smoke grid's own settings: smoke_dvc is the smoke grid
+    under its own name, in run directories of its own."""
+    exps_yaml = yaml.safe_load((REPO / "params.yaml").read_text())["experiments"]
+    assert ({k: v for k, v in exps_yaml[EXP].items() if k != "description"}
+            == {k: v for k, v in exps_yaml["smoke"].items() if k != "description"})
     plain = P.load_and_validate(REPO / "params.yaml", SCHEMA)[1]
     committed = _layered(tmp_path, (REPO / "exp.yaml").read_text())
-    assert [r.config for r in committed["smoke"].runs] == [r.config for r in plain["smoke"].runs]  # same values
-    exps = _layered(tmp_path, "smoke: {train: {max_steps: 7}, model: {d_model: 48}, seeds: [1, 2]}\n")
-    runs = exps["smoke"].runs
-    assert {r.seed for r in runs} == {1, 2} and len(runs) == 2 * len(plain["smoke"].runs)
+    assert [r.config for r in committed[EXP].runs] == [r.config for r in plain["smoke"].runs]  # same values
+    assert [r.config for r in committed[EXP].runs] == [r.config for r in plain[EXP].runs]
+    assert all(r.dir.startswith(f"runs/{EXP}/") for r in committed[EXP].runs)
+    assert not {r.dir for r in committed[EXP].runs} & {r.dir for r in plain["smoke"].runs}
+    exps = _layered(tmp_path, f"{EXP}: {{train: {{max_steps: 7}}, model: {{d_model: 48}}, seeds: [1, 2]}}\n")
+    runs = exps[EXP].runs
+    assert {r.seed for r in runs} == {1, 2} and len(runs) == 2 * len(plain[EXP].runs)
     assert all(r.config.train.max_steps == 7 and r.config.model.d_model == 48 for r in runs)
-    assert [r.config for r in exps["cpu"].runs] == [r.config for r in plain["cpu"].runs]
+    for other in ("smoke", "cpu"):
+        assert [r.config for r in exps[other].runs] == [r.config for r in plain[other].runs]
+
+
+def test_only_the_experiment_stage_reads_exp_yaml():
+    """exp.yaml names exactly the experiments whose DVC stage layers it (settings=exp.yaml and
+    an exp.yaml params dependency): `make smoke` and the smoke stage never read it."""
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    layered = {name for name, st in stages.items() if "settings=exp.yaml" in st["cmd"]}
+    assert layered == set(yaml.safe_load((REPO / "exp.yaml").read_text())) == {EXP}
+    for name, st in stages.items():
+        reads = [p["exp.yaml"] for p in st["params"] if isinstance(p, dict) and "exp.yaml" in p]
+        assert reads == ([[name]] if name in layered else []), name
+    assert "settings=" not in re.search(r"^smoke:.*?(?=^\S|\Z)", (REPO / "Makefile").read_text(), re.M | re.S).group(0)
 
 
 @pytest.mark.parametrize("settings, message", [
@@ -62,37 +97,59 @@ def test_a_bad_exp_yaml_is_one_line(tmp_path, settings, message):
     assert "\n" not in str(e.value)
 
 
+def _committed_table(repo, sha: str, name: str) -> list[dict]:
+    text = git(repo, "show", f"{sha}:results/{EXP}/{name}")
+    return list(csv.DictReader(io.StringIO(text)))
+
+
 @pytest.mark.slow
-def test_two_experiments_compare_side_by_side(smoke_local, tmp_path):  # noqa: F811
-    repo = fresh_copy(smoke_local[0], tmp_path / "repo")
-    params_before = (repo / "params.yaml").read_bytes()
-    before = metrics_of(repo)
-    for name, steps in (("short", 4), ("long", 12)):
-        run([DVC, "exp", "run", "smoke", "-n", name, "-S", f"exp.yaml:smoke.train.max_steps={steps}"], repo,
+def test_each_experiment_changes_one_setting(tmp_path):
+    repo = copy_worktree(tmp_path / "repo")
+    base = yaml.safe_load((repo / "exp.yaml").read_text())[EXP]
+    changes = {"steps": ("train.max_steps", base["train"]["max_steps"] // 2),
+               "width": ("model.d_model", base["model"]["d_model"] * 3 // 2)}
+    workspace = {f: (repo / f).read_bytes() for f in ("exp.yaml", "params.yaml", "dvc.yaml")}
+    for name, (key, value) in changes.items():
+        run([DVC, "exp", "run", "--temp", EXP, "-n", name, "-S", f"exp.yaml:{EXP}.{key}={value}"], repo,
             timeout=1200)
-        assert (repo / "params.yaml").read_bytes() == params_before  # -S edits exp.yaml only
-        assert yaml.safe_load((repo / "exp.yaml").read_text())["smoke"]["train"]["max_steps"] == steps
-        for r in smoke_runs(repo):
-            assert json.loads((r / "summary.json").read_text())["steps"] == steps  # retrained at the new setting
-        after = metrics_of(repo)
-        assert after.keys() == before.keys() and after != before
-        before = after
-    exps = _experiments(json.loads(run([DVC, "exp", "show", "--json"], repo).stdout))
-    assert {"short", "long"} <= set(exps), list(exps)
-    (p_short, m_short), (p_long, m_long) = exps["short"], exps["long"]
-    assert p_short["smoke"]["train"]["max_steps"] == 4 and p_long["smoke"]["train"]["max_steps"] == 12
-    assert set(m_short) == set(m_long) == CONDITIONS  # <condition>.<metric>: no size label in the name
-    for c in CONDITIONS:
-        assert m_short[c]["ppl_K"] != m_long[c]["ppl_K"]
-        assert m_short[c]["params"] == m_long[c]["params"]
-    # the blind spot reads in `dvc metrics show`: log10 of the radial fraction, not 0.0
-    rmsnorm, raw = (m_long[c]["log10_radial_fraction_K"] for c in sorted(CONDITIONS, reverse=True))
-    assert rmsnorm < -8 and -6 < raw < 0
-    table = run([DVC, "exp", "show", "--no-pager", "--md"], repo).stdout
-    assert "rmsnorm-per_loop-none-residual.log10_radial_fraction_K" in table.replace("…", "")
-    # the run configs of the last experiment carry its setting (the pipeline read exp.yaml)
-    cfg = yaml.safe_load(next((repo / "runs" / "smoke").glob("*/*/seed42/config.yaml")).read_text())
-    assert cfg["train"]["max_steps"] == 12
+        # the workspace is the baseline still: the next experiment starts from it
+        assert {f: (repo / f).read_bytes() for f in workspace} == workspace
+        assert git(repo, "status", "--porcelain") == ""
+        assert not (repo / "runs").exists()  # trained beside the workspace, not in it
+    (b_sha, b_exp, b_params, b_metrics), exps = _rows(json.loads(run([DVC, "exp", "show", "--json"], repo).stdout))
+    assert set(changes) <= set(exps), list(exps)
+    # the baseline row has the committed metrics (no `!`)
+    assert b_metrics == json.loads((repo / "results" / EXP / "metrics.json").read_text())
+    assert _flat(b_exp) == _flat({EXP: base})
+    b_runs = _committed_table(repo, b_sha, "per_seed.csv")
+    for name, (key, value) in changes.items():
+        sha, p_exp, p_params, metrics = exps[name]
+        assert p_params == b_params  # -S edits exp.yaml only
+        flat, b_flat = _flat(p_exp), _flat(b_exp)
+        assert {k for k in flat.keys() | b_flat.keys() if flat.get(k) != b_flat.get(k)} == {f"{EXP}.{key}"}
+        assert flat[f"{EXP}.{key}"] == value
+        assert metrics.keys() == b_metrics.keys()
+        assert all(metrics[c]["ppl_K"] != b_metrics[c]["ppl_K"] for c in metrics)
+        # the experiment's runs were trained with its one change and the baseline's other settings
+        runs = _committed_table(repo, sha, "per_seed.csv")
+        assert len(runs) == len(b_runs)
+        for r, b in zip(runs, b_runs):
+            assert int(r["steps"]) == (value if key == "train.max_steps" else int(b["steps"]))
+            assert int(r["d_model"]) == (value if key == "model.d_model" else int(b["d_model"]))
+    m_steps, m_width = exps["steps"][3], exps["width"][3]
+    assert all(m_steps[c]["params"] == b_metrics[c]["params"] != m_width[c]["params"] for c in b_metrics)
+    # the blind spot reads in the metrics: log10 of the radial fraction, not 0.0
+    assert min(m["log10_radial_fraction_K"] for m in m_steps.values()) < -8
+    assert -6 < max(m["log10_radial_fraction_K"] for m in m_steps.values()) < 0
+    # the documented table: the two changed settings and the metrics they moved, nothing else
+    table = run([DVC, "exp", "show", "--only-changed", "--csv"], repo).stdout
+    header = next(csv.reader(io.StringIO(table)))
+    # a metric's column names its file where another metrics file has the same key (results/smoke)
+    columns = {c.removeprefix(f"results/{EXP}/metrics.json:") for c in header} - {"Experiment", "rev", "typ", "Created"}
+    moved = {f"{c}.{m}" for c in b_metrics for m in b_metrics[c]
+             if len({b_metrics[c][m], m_steps[c][m], m_width[c][m]}) > 1}
+    assert columns == moved | {f"{EXP}.{key}" for key, _ in changes.values()}, header
+    assert len(run([DVC, "exp", "show", "--csv"], repo).stdout.splitlines()[0].split(",")) > 10 * len(header)
 
 
 @pytest.mark.slow

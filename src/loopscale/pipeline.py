@@ -531,7 +531,7 @@ def _deep_merge(base: dict, extra: dict) -> dict:
 def apply_settings(params: dict, settings: Any, source: str) -> dict:
     """Layer an experiment-settings file over params.yaml: {experiment: {model|objective|train|
     eval: {...}, data: {...}, seeds: [...]}}. This is the small flat surface `dvc exp run -S
-    exp.yaml:smoke.train.max_steps=40` edits, so that the commented params.yaml is never
+    exp.yaml:smoke_dvc.train.max_steps=40` edits, so that the commented params.yaml is never
     rewritten; every value is then validated with params.yaml's own checks."""
     if settings is None:
         return params
