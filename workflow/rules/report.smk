@@ -14,6 +14,7 @@ FIGURE_ARGS = f"--claims {shlex.quote(EXP.claims_family)}"
 DOSE = EXP.claims_family == "dose"
 FIGURES = ["norm_per_loop", "norm_training", "ppl_depth", "frontier", "frontier_exits", "radial_vs_norm",
            "norm_histogram", "lemma", "scale", "exit_training", "drift", "story_quadrant"]
+EXP_FIGURES = [*FIGURES, "dose"] if DOSE else FIGURES
 
 
 localrules:
@@ -43,10 +44,11 @@ rule aggregate:
     params:
         runs=run_dirs,
         out=lambda wc, output: os.path.dirname(output.norm_loops),
+        claims=CLAIMS_ARGS,
     conda:
         "../envs/loopscale.yaml"
     shell:
-        "loopscale report tables --runs {params.runs:q} --out {params.out:q} " + CLAIMS_ARGS + " > {log:q} 2>&1"
+        "loopscale report tables --runs {params.runs:q} --out {params.out:q} {params.claims} > {log:q} 2>&1"
 
 
 rule figures:
@@ -57,18 +59,19 @@ rule figures:
         evals=eval_files(),
         code=REPORT_CODE,
     output:
-        [report(f"results/{{exp}}/figures/{f}.png", caption="../report/figures.rst", category="Figures",
-                labels={"figure": f}) for f in FIGURES + (["dose"] if DOSE else [])]
-        + expand("results/{{exp}}/figures/{figure}.pdf", figure=FIGURES + (["dose"] if DOSE else [])),
+        png=[report(f"results/{{exp}}/figures/{f}.png", caption="../report/figures.rst", category="Figures",
+                    labels={"figure": f}) for f in EXP_FIGURES],
+        pdf=expand("results/{{exp}}/figures/{figure}.pdf", figure=EXP_FIGURES),
     log:
         "logs/{exp}/figures.log",
     params:
         runs=run_dirs,
-        out=lambda wc, output: os.path.dirname(output[0]),
+        out=lambda wc, output: os.path.dirname(output.png[0]),
+        claims=FIGURE_ARGS,
     conda:
         "../envs/loopscale.yaml"
     shell:
-        "loopscale report figures --runs {params.runs:q} --out {params.out:q} " + FIGURE_ARGS + " > {log:q} 2>&1"
+        "loopscale report figures --runs {params.runs:q} --out {params.out:q} {params.claims} > {log:q} 2>&1"
 
 
 rule report:
