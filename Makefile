@@ -22,7 +22,7 @@ export PATH := $(CURDIR)/$(BIN):$(PATH)
 SNAKEMAKE_QUIET ?= --quiet rules host
 SNAKEMAKE := $(BIN)/snakemake $(SNAKEMAKE_QUIET)
 
-.PHONY: setup setup-pipeline lock-pipeline smoke reproduce confirm drift-law test test-fast bench clean-runs
+.PHONY: setup setup-pipeline lock-pipeline smoke reproduce confirm drift-law claims-matrix test test-fast bench clean-runs
 
 setup: $(VENV)/.installed
 
@@ -62,6 +62,12 @@ confirm: setup-pipeline
 	$(MAKE) drift-law
 
 # the drift law across experiments, from the committed results/<exp>/train_norms.csv
+# the claims matrix across experiments (results/claims_matrix) and the README's view of it
+claims-matrix: setup-pipeline
+	$(BIN)/loopscale report claims-matrix --results results/cpu results/cpu_confirm results/cpu_confirm_lr \
+		results/cpu_long results/cpu_long_drift --out results/claims_matrix --readme cpu,cpu_confirm:d64,cpu_long \
+		--splice README.md
+
 drift-law: setup-pipeline
 	$(BIN)/loopscale report drift-law --results results/cpu_confirm results/cpu_confirm_lr results/cpu_long_drift \
 		--holdout cpu_long_drift --out results/drift_law
