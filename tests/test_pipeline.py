@@ -788,9 +788,10 @@ def test_bad_params_fail_fast_and_leave_a_completed_run_byte_identical(smoke_loc
     before = tree_digest(repo)
     good = (repo / "params.yaml").read_text()
     cases = [
-        (good.replace("train: {max_steps: 20, threads: 1}", "train: {max_stepz: 20, threads: 1}"),
-         "params.yaml: unknown key 'experiments.smoke.train.max_stepz'"),
-        (good.replace("seeds: [42]\n    conditions: blind_spot", "seeds: [forty-two]\n    conditions: blind_spot"),
+        (good.replace("train: {max_steps: 20, threads: 1}", "train: {max_stepz: 20, threads: 1}", 1),  # smoke's
+         "params.yaml: unknown key 'experiments.smoke.train.max_stepz'; "
+         "did you mean 'experiments.smoke.train.max_steps'?"),
+        (good.replace("seeds: [42]\n    conditions: blind_spot", "seeds: [forty-two]\n    conditions: blind_spot", 1),
          "params.yaml: experiments.smoke.seeds[0]: 'forty-two' is not of type 'integer'"),
         (good.replace("  blind_spot:\n    - {readout: rmsnorm, loss: per_loop}\n",
                       "  blind_spot:\n    - {readout: rms, loss: per_loop}\n"),
