@@ -382,7 +382,7 @@ def test_the_readme_runs_as_written(tmp_path):
 TEST_REF = re.compile(r"tests/[\w/]+\.py(?:::\w+)+")
 
 
-def test_definitions(path: Path) -> dict[str, set[str]]:
+def defined_tests(path: Path) -> dict[str, set[str]]:
     """The tests a file defines, parsed (not imported or collected): top-level test functions
     and classes, each class with its test methods, as {name: {method names}}."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -405,7 +405,7 @@ def missing_tests(text: str, root: Path = REPO) -> list[str]:
         if not path.is_file():
             gone.append(ref)
             continue
-        defs = parsed.setdefault(file, test_definitions(path))
+        defs = parsed.setdefault(file, defined_tests(path))
         if names[0] not in defs or len(names) > 2 or (len(names) == 2 and names[1] not in defs[names[0]]):
             gone.append(ref)
     return gone
@@ -424,3 +424,18 @@ def test_every_test_named_in_troubleshooting_exists():
 def test_a_renamed_or_removed_test_is_caught(ref):
     text = (REPO / "docs" / "troubleshooting.md").read_text(encoding="utf-8")
     assert missing_tests(f"{text}\n({ref})\n") == [ref]
+
+
+def test_the_generate_transcript_in_the_docs_is_the_recorded_one():
+    """docs/usage.md's `loopscale generate` transcript is benchmarks/generate-cpu.json's, output
+    line for line (benchmarks/generate_cpu.py records it); an edited line fails."""
+    import json
+    text = (REPO / "docs" / "usage.md").read_text()
+    m = re.search(r"<!-- generate-transcript: (\S+) -->\n```console\n(.*?)```", text, re.S)
+    assert m, "docs/usage.md has no generate transcript"
+    record = json.loads((REPO / m.group(1)).read_text())
+    shown = [line for line in m.group(2).splitlines() if not line.startswith(("$ ", " "))]
+    recorded = [line for t in record["generate_transcript"] for line in (t["stdout"] + t["stderr"]).splitlines()]
+    assert shown == recorded
+    assert len(recorded) == 2 * len(record["generate_transcript"])
+    assert all(t["command"].startswith("loopscale generate") for t in record["generate_transcript"])
