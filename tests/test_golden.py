@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -223,18 +224,41 @@ def test_run_v1_loads_through_evaluate_load_model():
     same_exits(G.exit_summaries(model, torch.tensor(want["ids"])), want["exits"], "evaluate.load_model")
 
 
-@pytest.mark.parametrize("remote_code", [True, False], ids=["bundled-remote-code", "registered-classes"])
-def test_run_v1_loads_through_hugging_face(remote_code):
-    """With trust_remote_code the run's own modeling_loopscale.py (written when the run was);
-    without it the classes the current loopscale registers with the Auto classes."""
+def test_run_v1_loads_through_hugging_face():
+    """AutoModelForCausalLM with the classes the current loopscale registers (loopscale.hf)."""
     transformers = pytest.importorskip("transformers")
-    import loopscale.hf  # noqa: F401  (registers the classes)
+    import loopscale.hf  # noqa: F401  (registers the classes with the Auto classes)
     want = golden("run_v1")
-    kw = {"trust_remote_code": True} if remote_code else {}
-    model = transformers.AutoModelForCausalLM.from_pretrained(str(G.FIXTURE_RUN), **kw)
-    assert (type(model).__module__ == "loopscale.hf") is not remote_code
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(G.FIXTURE_RUN))
+    assert type(model).__module__ == "loopscale.hf"
     model.eval()
     with torch.no_grad():
         out = model(torch.tensor(want["ids"]), output_hidden_states=True)
     same_exits([G.summary(z) for z in out.exit_logits], want["exits"], "transformers")
     same_logits(G.summary(out.logits), want["exits"][-1], "transformers logits")
+
+
+@pytest.mark.slow  # a fresh Python process importing transformers
+def test_run_v1_loads_through_its_bundled_remote_code(tmp_path):
+    """In a fresh process without loopscale: trust_remote_code=True runs the run's own
+    modeling_loopscale.py (the code of the run's time) and gives the recorded exit logits."""
+    pytest.importorskip("transformers")
+    want = golden("run_v1")
+    code = f"""
+import json, sys
+sys.path.insert(0, {str(G.GOLDEN)!r})
+import make_golden as G
+import torch
+from transformers import AutoModelForCausalLM
+G.deterministic()
+m = AutoModelForCausalLM.from_pretrained({str(G.FIXTURE_RUN)!r}, trust_remote_code=True).eval()
+# the bundled package runs under its own name, _loopscale_<hash>
+assert "loopscale" not in sys.modules and type(m).__module__.startswith("_loopscale_"), type(m).__module__
+with torch.no_grad():
+    out = m(torch.tensor({want["ids"]!r}), output_hidden_states=True)
+print(json.dumps([G.summary(z) for z in out.exit_logits]))
+"""
+    env = {**os.environ, "HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error"}
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    same_exits(json.loads(r.stdout.strip().splitlines()[-1]), want["exits"], "bundled remote code")
