@@ -711,3 +711,34 @@ def test_a_pipeline_check_says_so_and_leaves_out_verdicts_drift_and_empty_parts(
         assert no_rows and not set(no_rows) & titles and all(title in text for title in no_rows)
         drift = next(t for t in tables if t.name == "drift")
         assert (drift.title in titles) == (not check and has_data(drift) and bool(drift.md))
+
+
+def test_report_write_judges_an_experiment_by_its_own_claims_family(tmp_path, capsys):
+    """`loopscale report write` reads the experiment's section of params.yaml (its `claims:`
+    family and pre-registration): a dose experiment's REPORT.md gives the dose rules (D1–D4)
+    with their thresholds and names the pre-registration, not the paper's (a)–(g)."""
+    from loopscale.cli import main
+    from loopscale.report import dose as D
+    root = tmp_path / "runs"
+    lams = (0.0, 1e-3, 1e-2, 1e-1)
+    for i, lam in enumerate(lams):
+        for seed in (1, 2):
+            d = make_run(root / f"lam{i}", regularizer="norm_penalty" if lam else "none", seed=seed,
+                         norm_k=(5.0, 8.0, 400.0 / (1 + 100 * lam)), exit_ppl=(30.0, 20.0 * (1 - lam), 10.0 - lam))
+            rec = json.loads((d / "config.json").read_text())
+            rec["config"]["objective"]["penalty_weight"] = lam or 0.01
+            (d / "config.json").write_text(json.dumps(rec))
+    params = tmp_path / "params.yaml"
+    params.write_text(yaml.safe_dump({"experiments": {"dosey": {"claims": {
+        "family": "dose", "preregistered": "studies/dosey/preregistration.md"}}}}))
+    (tmp_path / "out").mkdir()
+    out = tmp_path / "out" / "REPORT.md"
+    assert main(["report", "write", "--runs", str(root), "--results", str(tmp_path / "out"), "--params", str(params),
+                 "--experiment", "dosey", "--out", str(out)]) == 0
+    text = out.read_text()
+    ids = set(re.findall(r"^\| \((\w+(?:-\w+)?)\) ", text, re.M))
+    assert ids == {"D1", "D2", "D3", "D4"}
+    assert "studies/dosey/preregistration.md" in text and D.thresholds_text() in text
+    assert C.thresholds_text() not in text
+    verdicts = re.search(r"\*\*Verdicts:\*\* .*\(of (\d+);", text)
+    assert verdicts and int(verdicts.group(1)) == 4

@@ -143,7 +143,7 @@ def rule_d4(df: pd.DataFrame) -> ClaimResult:
     if not (finite(mid) and finite(zero)):
         r.ours = f"missing: PPL_K at λ=0 or λ={DOSE_MID_LAMBDA:g}"
         return r
-    r.ours = f"PPL_K λ={DOSE_MID_LAMBDA:g}: {num(mid)} vs λ=0: {num(zero)} ({num(mid / zero - 1, 'spct')})"
+    r.ours = f"PPL_K λ={DOSE_MID_LAMBDA:g}: {num(mid)} vs λ=0: {num(zero)} (ratio {mid / zero:.4f}, bound {DOSE_PPL_RATIO_MAX:g})"
     r.verdict = REPRODUCED if mid <= DOSE_PPL_RATIO_MAX * zero else NOT_REPRODUCED
     return r
 
@@ -152,8 +152,9 @@ RULES = (rule_d1, rule_d2, rule_d3, rule_d4)
 PER_SEED = {"D1", "D2", "D4"}  # D3 pools every run
 
 
-def evaluate(records: list[RunRecord]) -> tuple[list[ClaimResult], pd.DataFrame]:
-    """The dose rules on the seed means and per seed, and dose.csv's frame."""
+def evaluate(records: list[RunRecord], preregistered: str = "") -> tuple[list[ClaimResult], pd.DataFrame]:
+    """The dose rules on the seed means and per seed, and dose.csv's frame; `preregistered` names
+    the file the rules were fixed in (studies/<name>/preregistration.md)."""
     df = run_rows(records)
     sizes = sorted({r.size for r in records})
     arm = "λ ∈ {" + ", ".join(f"{x:g}" for x in sorted(set(df["lambda"]))) + "}"
@@ -169,7 +170,7 @@ def evaluate(records: list[RunRecord]) -> tuple[list[ClaimResult], pd.DataFrame]
         elif r.verdict not in (NOT_RUN,):
             n = int(((df.status == "completed") & df.norm_K.gt(0) & df.depth_gain.notna()).sum())
             r.verdict = f"{r.verdict} (pooled over {n} runs)"
-        r.amendment = "pre-registered (studies/cpu_dose/preregistration.md)"
+        r.amendment = f"pre-registered ({preregistered})" if preregistered else "not pre-registered"
         out.append(r)
     return out, df
 
@@ -182,11 +183,16 @@ def dose_markdown(results: list[ClaimResult], df: pd.DataFrame) -> str:
     rules = md_table(["Rule", "Ours", "Verdict", "Per seed", "Rule text"],
                      [[f"({r.id}) {r.claim}", r.ours, f"**{r.verdict}**", r.per_seed_text() or "pooled", r.rule]
                       for r in results])
-    return (f"Seed means per λ (dose.csv: every run):\n\n{table}\n{rules}\nThresholds: " +
-            ", ".join(f"`{k}` = {globals()[k]:g}" for k in (
-                "DOSE_NORM_RHO_MAX", "DOSE_TOP_LAMBDA", "DOSE_NORM_FRACTION_MAX", "DOSE_GAIN_RHO_MIN",
-                "DOSE_MID_LAMBDA", "DOSE_GAIN_RATIO_MIN", "DOSE_GAIN_MIN", "DOSE_NORM_GAIN_RHO_MAX",
-                "DOSE_PPL_RATIO_MAX")) + ".\n")
+    return f"Seed means per λ (dose.csv: every run):\n\n{table}\n{rules}\n{thresholds_text()}\n"
+
+
+THRESHOLD_NAMES = ("DOSE_NORM_RHO_MAX", "DOSE_TOP_LAMBDA", "DOSE_NORM_FRACTION_MAX", "DOSE_GAIN_RHO_MIN",
+                   "DOSE_MID_LAMBDA", "DOSE_GAIN_RATIO_MIN", "DOSE_GAIN_MIN", "DOSE_NORM_GAIN_RHO_MAX",
+                   "DOSE_PPL_RATIO_MAX")
+
+
+def thresholds_text() -> str:
+    return "Thresholds: " + ", ".join(f"`{k}` = {globals()[k]:g}" for k in THRESHOLD_NAMES) + "."
 
 
 def fig_dose(df: pd.DataFrame, path):

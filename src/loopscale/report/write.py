@@ -179,9 +179,8 @@ def differences(runs: list[Run]) -> str:
 
 def report_markdown(runs: list[Run], results_dir: Path, out_path: Path, experiment: str = "",
                     params: Optional[dict] = None, figures_dir: Optional[Path] = None) -> str:
-    exp_params = ((params or {}).get("experiments") or {}).get(experiment) or {}
-    claims_family, preregistered = claims_settings(exp_params)
-    params = params or {}
+    params = params or {}  # the experiment's section of params.yaml (load_params)
+    claims_family, preregistered = claims_settings(params)
     results_dir = Path(results_dir)
     figures_dir = Path(figures_dir) if figures_dir else results_dir / "figures"
     base = Path(out_path).parent
@@ -205,7 +204,7 @@ def report_markdown(runs: list[Run], results_dir: Path, out_path: Path, experime
         if claims_family == "dose":
             from . import dose
             from .records import records_of_runs
-            results = dose.evaluate(records_of_runs(runs))[0]
+            results, dose_frame = dose.evaluate(records_of_runs(runs), preregistered)
         else:
             results = C.evaluate_groups(groups, C.specs_of(claims_family), preregistered)
         verdicts = Counter(r.outcome for r in results)
@@ -219,6 +218,17 @@ def report_markdown(runs: list[Run], results_dir: Path, out_path: Path, experime
     if not evidence:
         out.append("Not judged: a pipeline check (`evidence: false`) gives no verdicts; an experiment at a "
                    "scale meant as evidence (`cpu`, `paper`) judges each claim of the paper here.\n")
+        out += _figures_and_tables(runs, tables, figures_dir, results_dir, rel, evidence)
+        return "\n".join(out)
+    if claims_family == "dose":  # the dose-response study's own rules (report/dose.py), its table and figure
+        p = figures_dir / "dose.png"
+        out += ["The dose-response rules (D1–D4), evaluated on the seed means of the completed runs and on every "
+                "seed alone (D3 pools every run). " + (
+                    f"The rules were pre-registered ({preregistered}) before any run. " if preregistered else "") +
+                "Each λ's condition is its own arm; λ is read from each run's resolved config.\n",
+                dose.dose_markdown(results, dose_frame)]
+        if p.is_file():
+            out.append(f"**Dose-response** (`dose.png`)\n\n![Dose-response]({rel(p)})\n")
         out += _figures_and_tables(runs, tables, figures_dir, results_dir, rel, evidence)
         return "\n".join(out)
     out += [
@@ -333,12 +343,13 @@ def claims_tables_of_records(records, family: str = "paper", preregistered: str 
     """The claims tables of run records (from run directories or an experiment's committed per_seed.csv)."""
     if family == "dose":
         from . import dose
-        results, dose_df = dose.evaluate(records)
+        results, dose_df = dose.evaluate(records, preregistered)
         extra = [Table("dose", "Dose-response: the norm penalty's λ", dose_df, dose.dose_markdown(results, dose_df))]
+        thresholds = dose.thresholds_text()
     else:
         results = C.evaluate_records(records, C.specs_of(family), preregistered)
-        extra = []
-    md = C.claims_markdown(results) + "\n" + C.thresholds_text() + "\n"
+        extra, thresholds = [], C.thresholds_text()
+    md = C.claims_markdown(results) + "\n" + thresholds + "\n"
     return [Table("claims", "Claims and verdicts", C.claims_frame(results), md),
             Table("choices", "Claims under the researcher's choices (per seed)", C.choices_frame(results),
                   C.choices_markdown(results))] + extra
