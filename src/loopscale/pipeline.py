@@ -226,16 +226,9 @@ def load_params(path: str | os.PathLike) -> dict:
 
 
 def load_schema(path: str | os.PathLike) -> dict:
-    """The params.yaml schema with its enums filled in from the registry (condition axes,
-    diagnostics) and the presets of loopscale.config."""
+    """The params.yaml schema (workflow/schemas/params.schema.yaml) as a mapping."""
     with open(path) as f:
-        schema = yaml.load(f, Loader=_Loader)
-    d = schema["$defs"]
-    for axis in AXES:
-        d[axis]["enum"] = list(axis_values(axis))
-    d["diagnostics"]["items"]["enum"] = list(DIAGNOSTICS)
-    d["size"]["properties"]["preset"]["enum"] = list(MODEL_PRESETS)
-    return schema
+        return yaml.load(f, Loader=_Loader)
 
 
 def _key(path: Iterable) -> str:
@@ -245,33 +238,49 @@ def _key(path: Iterable) -> str:
     return out or "(top level)"
 
 
-def check_schema(params: dict, schema: dict, source: str = "params.yaml") -> None:
-    """Validate `params` against the JSON schema; raise one-line ParamsError naming the key."""
+def check_schema(params: dict, schema: str | os.PathLike | dict, source: str = "params.yaml") -> None:
+    """Validate `params` against the JSON schema with `snakemake.utils.validate` (as the
+    Snakemake workflow template does; `schema` is its path, or the schema itself); a failure
+    is a one-line ParamsError naming the key."""
+    import jsonschema
+    from snakemake.exceptions import WorkflowError
+    from snakemake.utils import validate
+
+    try:
+        if isinstance(schema, dict):
+            jsonschema.Draft202012Validator(schema).validate(params)
+        else:
+            validate(params, os.fspath(schema), set_default=False)
+        return
+    except jsonschema.ValidationError as e:
+        err = e
+    except WorkflowError as e:  # validate's, raised while handling the ValidationError
+        err = e.__context__
+        if not isinstance(err, jsonschema.ValidationError):
+            raise ParamsError(f"{source}: {e}".splitlines()[0]) from None
+    raise ParamsError(f"{source}: {_schema_error(err)}")
+
+
+def _schema_error(err) -> str:
+    """One line for a jsonschema ValidationError: the key it is about, then the problem."""
     import jsonschema
 
-    validator = jsonschema.Draft202012Validator(schema)
-    errors = list(validator.iter_errors(params))
-    if not errors:
-        return
-    err = jsonschema.exceptions.best_match(errors)
-    # descend into if/then/else and anyOf branches to the most specific error
-    while err.context:
+    while err.context:  # into if/then/else and anyOf branches, to the most specific error
         err = jsonschema.exceptions.best_match(err.context)
     path = list(err.absolute_path)
     if err.validator == "additionalProperties":
         extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
-        key = _key(path + [extra[0]]) if extra else _key(path)
-        raise ParamsError(f"{source}: unknown key {key!r}")
-    if err.validator == "propertyNames":
-        raise ParamsError(f"{source}: {_key(path)}: name {err.instance!r} must match {NAME_RE}")
+        return f"unknown key {_key(path + extra[:1])!r}"
     if err.validator == "required":
         missing = [k for k in err.validator_value if k not in err.instance]
-        raise ParamsError(f"{source}: {_key(path + missing[:1])}: required key is missing")
+        return f"{_key(path + missing[:1])}: required key is missing"
     if err.validator == "enum":
-        choices = ", ".join(map(str, err.validator_value))
-        raise ParamsError(f"{source}: {_key(path)}: unknown value {err.instance!r}; choose one of {choices}")
-    msg = err.message.splitlines()[0]
-    raise ParamsError(f"{source}: {_key(path)}: {msg}")
+        return _unknown(_key(path), err.instance, err.validator_value)
+    return f"{_key(path)}: {err.message.splitlines()[0]}"
+
+
+def _unknown(key: str, value: Any, choices: Iterable) -> str:
+    return f"{key}: unknown value {value!r}; choose one of {', '.join(map(str, choices))}"
 
 
 # ---------------------------------------------------------------------------
@@ -283,7 +292,7 @@ def _condition(item: dict, where: str) -> ConditionSpec:
         if axes[a] is None:
             raise ParamsError(f"{where}.{a}: required key is missing")
         if axes[a] not in axis_values(a):
-            raise ParamsError(f"{where}.{a}: unknown value {axes[a]!r}; choose one of {', '.join(axis_values(a))}")
+            raise ParamsError(_unknown(f"{where}.{a}", axes[a], axis_values(a)))
     overrides = item.get("overrides") or {}
     for a, v in _axis_settings(overrides).items():
         if v != axes[a]:
@@ -327,6 +336,9 @@ def expand_conditions(spec: Any, sets: dict, where: str, _stack: tuple = ()) -> 
             vs = grid.get(a, [AXIS_DEFAULTS[a]] if a in AXIS_DEFAULTS else None)
             if vs is None:
                 raise ParamsError(f"{where}.grid.{a}: required key is missing")
+            for i, v in enumerate(vs):
+                if v not in axis_values(a):
+                    raise ParamsError(_unknown(f"{where}.grid.{a}[{i}]", v, axis_values(a)))
             values.append(vs)
         for combo in itertools.product(*values):
             out.append(_condition({**dict(zip(AXES, combo)), "overrides": spec.get("overrides")},
@@ -404,6 +416,10 @@ def build_experiment(params: dict, name: str) -> Experiment:
         raise ParamsError(f"{where}.conditions: no conditions")
     seeds = list(exp["seeds"])
     diagnostics = tuple(exp.get("diagnostics", params.get("diagnostics", DIAGNOSTICS)))
+    for i, d in enumerate(diagnostics):
+        if d not in DIAGNOSTICS:
+            key = f"{where}.diagnostics" if "diagnostics" in exp else "diagnostics"
+            raise ParamsError(_unknown(f"{key}[{i}]", d, DIAGNOSTICS))
     gpus_per_run, nodes_per_run = int(exp.get("gpus_per_run", 1)), int(exp.get("nodes_per_run", 1))
     if gpus_per_run % nodes_per_run:
         raise ParamsError(f"{where}.gpus_per_run: {gpus_per_run} ranks do not split evenly over "
@@ -413,7 +429,7 @@ def build_experiment(params: dict, name: str) -> Experiment:
         swhere = f"{where}.sizes.{size}"
         preset = spec["preset"]
         if preset not in MODEL_PRESETS:
-            raise ParamsError(f"{swhere}.preset: unknown value {preset!r}; choose one of {', '.join(MODEL_PRESETS)}")
+            raise ParamsError(_unknown(f"{swhere}.preset", preset, MODEL_PRESETS))
         for a in _axis_settings(spec.get("overrides")):
             sec, name = AXIS_KEYS[a]
             raise ParamsError(f"{swhere}.overrides.{sec}.{name}: the conditions set the {a}; "
@@ -582,7 +598,7 @@ def load_and_validate(params_path: str | os.PathLike, schema_path: str | os.Path
     layered = f"{params_path} with {settings_path}" if touched else source
     for k, v in (overrides or {}).items():
         params[k] = v
-    check_schema(params, load_schema(schema_path), layered)
+    check_schema(params, schema_path, layered)
     _check_names(params, source)
     if params["experiment"] not in params["experiments"]:
         raise ParamsError(f"{source}: experiment: unknown experiment {params['experiment']!r}; "

@@ -5,8 +5,8 @@ recurrences), one of the diagnostics, and the one `Condition` type: a point of t
 condition grid with its id (the run directory name), its label (the paper's wording), its
 place in the canonical order of tables and its colour, line style and marker in figures.
 
-Everything else reads these: the allowed values of `loopscale.config`, the params.yaml
-schema's enums (filled in by `loopscale.pipeline.load_schema`), the pipeline's wildcards,
+Everything else reads these: the allowed values of `loopscale.config`, the values params.yaml
+may give (checked by `loopscale.pipeline`), the pipeline's wildcards,
 the evaluation command line, the readout of `loopscale.model.LoopedLM` and every table and
 figure of `loopscale.report`. So adding a readout touches this file (its entry) and, when
 its norms are not RMSNorm/LayerNorm, the model's `make_norm`.

@@ -1,8 +1,9 @@
 # Settings and helpers shared by the stages (functions only; the stages hold the rules).
 #
-# params.yaml is read and validated in full here, before any job: the JSON schema
-# (workflow/schemas/params.schema.yaml), then every run's RunConfig and EvalConfig are
-# built with loopscale.config. A problem stops Snakemake with one line naming the key.
+# params.yaml is read and validated in full here, before any job: snakemake.utils.validate
+# against the JSON schema (workflow/schemas/params.schema.yaml), then every run's RunConfig
+# and EvalConfig are built with loopscale.config. A problem stops Snakemake with one line
+# naming the key (loopscale.pipeline.load_and_validate).
 # Then every run's config.yaml (training) and eval.yaml (evaluation) are written with write-if-changed (unchanged runs keep
 # their files and mtimes). Those files are rule inputs, so a changed setting reruns
 # exactly the runs it changes, also in a fresh clone without .snakemake/ metadata.
