@@ -434,7 +434,7 @@ def test_failed_training_gets_failed_results(env, capsys, tmp_path, monkeypatch)
     model.pt without weights (status failed): `loopscale eval` writes status "failed"
     results without evaluating; loading the model names the failure."""
     from loopscale.io import CheckpointError, load_checkpoint
-    from loopscale.train import record_failure
+    from loopscale.rundir import record_failure
     run = tmp_path / "run"
     run.mkdir()
     (run / "model.safetensors").write_bytes(b"weights of an earlier run")

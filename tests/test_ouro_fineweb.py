@@ -13,6 +13,7 @@ from loopscale import fineweb as FW
 from loopscale import train_stream as TS
 from loopscale import io as IO
 from loopscale.config import ConfigError, preset
+from loopscale.rundir import Preempted
 
 WORDS = [f"w{i}" for i in range(60)]
 
@@ -218,7 +219,7 @@ def test_sigterm_checkpoints_a_streamed_run_that_then_resumes_exactly(corpus, tm
             os.kill(os.getpid(), signal.SIGTERM)
         return real(*a, **kw)
     monkeypatch.setattr(T, "train_step", terminated_in_step_3)
-    with pytest.raises(T.Preempted, match=r"SIGTERM at step 3/6: state saved to .*state\.pt"):
+    with pytest.raises(Preempted, match=r"SIGTERM at step 3/6: state saved to .*state\.pt"):
         TS.train_stream(cfg(), s, tmp_path / "cut")
     monkeypatch.setattr(T, "train_step", real)
     assert signal.getsignal(signal.SIGTERM) is not None and calls[0] == 3  # handler restored, stopped at once

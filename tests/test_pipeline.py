@@ -381,7 +381,7 @@ def test_drop_stale_state(tmp_path, smoke_data, capsys):
     once the run directory is locked, so a running trainer's state.pt is never deleted."""
     from loopscale import cli
     from loopscale.io import atomic_torch_save, run_lock
-    from loopscale.train import drop_stale
+    from loopscale.rundir import drop_stale
     cfg = C.preset("smoke")
     state = tmp_path / "state.pt"
     atomic_torch_save(state, {"model": {}, "config": cfg.to_dict(), "step": 3})

@@ -124,7 +124,7 @@ def train_or_record(cfg, args, fit):
     from .data import DataError
     from .distributed import env_world
     from .io import CheckpointError, RunLocked
-    from .train import Preempted, lost_peer, record_failure
+    from .rundir import Preempted, lost_peer, record_failure
     try:
         return fit()
     except (ConfigError, DataError, CheckpointError, RunLocked, Preempted, KeyboardInterrupt, OSError):
@@ -148,7 +148,7 @@ def cmd_train(args) -> int:
     from .train import train
     cfg = config_from_args(args)
     if args.stop_with_parent:
-        from .train import stop_with_parent
+        from .rundir import stop_with_parent
         stop_with_parent()
     summary = train_or_record(cfg, args, lambda: train(cfg, args.data, args.out, resume=not args.no_resume,
                                                        progress=not args.quiet,
@@ -233,7 +233,7 @@ def main(argv: list[str] | None = None) -> int:
         watch_parent()
     from .data import DataError
     from .io import CheckpointError, RunLocked
-    from .train import Preempted
+    from .rundir import Preempted
     args = build_parser().parse_args(argv)
     # progress and notices of every command: one timestamped line each, on stderr
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",

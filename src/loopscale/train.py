@@ -23,21 +23,16 @@ stops every rank at the same step.
 """
 from __future__ import annotations
 
-import contextlib
 import datetime
 import hashlib
 import json
 import logging
 import math
 import os
-import re
-import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
 
 import numpy as np
 import torch
@@ -45,20 +40,16 @@ from tqdm.auto import tqdm
 
 from . import data as D
 from . import distributed as DD
-from .config import RESULT_FREE, ConfigError, RunConfig
+from .config import ConfigError, RunConfig
 from .evaluate import exit_losses
-from .io import (CheckpointError, atomic_torch_save, atomic_write_json, atomic_write_text,
-                 load_checkpoint, run_environment, run_lock, weights_sha256)
+from .io import atomic_torch_save, atomic_write_json, run_environment, weights_sha256
 from .model import LoopedLM, build_model
 from .objective import LossOutput, compute_loss
+from .rundir import (SigtermFlag, drop_stale, invalidate_outputs, keep_finished, load_state, metrics_upto,
+                     result_fingerprint, run_directory)
 from .runtime import autocast, enable_tf32, resolve_device
 
 logger = logging.getLogger("loopscale.train")
-
-# settings that may change between a checkpoint and its resumption without changing results
-_RESUME_FREE = {"max_steps", "epochs", "log_every", "ckpt_every", "eval_every", "eval_tokens",
-                "eval_batch_size", "device", "threads", "compile", "activation_checkpointing", "tensorboard", "fsdp",
-                "wandb"}
 
 
 def _progress_line(rec: dict, total_steps: int, tokens_per_step: int) -> str:
@@ -100,34 +91,6 @@ def _wandb(out: Path, cfg: RunConfig):
         msg = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
         raise ConfigError(f"train.wandb: W&B could not start ({msg}); run `wandb login` or set "
                           f"WANDB_MODE=offline") from None
-
-
-class Preempted(RuntimeError):
-    """SIGTERM arrived; the state was checkpointed and the run can be resumed."""
-
-
-# settings a finished run's files do not depend on: a finished run is reused when only they change
-_RESULT_FREE = set(RESULT_FREE)
-
-
-def resume_comparable(cfg: dict, free=_RESUME_FREE) -> dict:
-    """The part of a config dict that must match between a checkpoint and its resumption
-    (with `free=_RESULT_FREE`: between a finished run and a request to train it again)."""
-    d = json.loads(json.dumps(cfg))
-    d.pop("eval", None)  # checkpoints written before evaluation settings left the run config
-    for k in free:
-        d.get("train", {}).pop(k, None)
-    return d
-
-
-def same_settings(ck: dict, cfg: RunConfig, extra: dict | None = None) -> bool:
-    """state.pt `ck` was written with the training settings of `cfg` (and, for a streamed run,
-    the same `extra` entries, e.g. {"stream": ...}), so training can resume from it."""
-    try:
-        return resume_comparable(ck["config"]) == resume_comparable(cfg.to_dict()) \
-            and all(ck.get(k) == v for k, v in (extra or {}).items())
-    except (KeyError, TypeError, ValueError, AttributeError):
-        return False
 
 
 def build(cfg: RunConfig, device: torch.device, *, compile: bool | None = None,
@@ -241,292 +204,6 @@ def global_mean(res: LossOutput, dd: DD.Dist) -> LossOutput:
     return LossOutput(flat[0], flat[2:2 + K], flat[2 + K:], flat[1])
 
 
-class SigtermFlag:
-    """Turns SIGTERM (SLURM preemption / time limit) into a flag checked between steps: both
-    trainers (`train` and `train_stream.train_stream`) run their loop under it and call
-    `stop_if_raised` after every optimiser step."""
-
-    def __init__(self):
-        self.raised = False
-        self._old = None
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            self._old = signal.signal(signal.SIGTERM, self._handle)
-        return self
-
-    def _handle(self, signum, frame):
-        self.raised = True
-
-    def __exit__(self, *exc):
-        if self._old is not None:
-            signal.signal(signal.SIGTERM, self._old)
-
-    def stop_if_raised(self, dd: DD.Dist, step: int, total_steps: int, state_path: Path, save) -> None:
-        """Where SIGTERM reached any rank, stop every rank at this step: `save()` (called on
-        every rank: FSDP gathers the shards) writes the resumable state, then Preempted (the
-        command exits 143; rerunning it resumes from that state). A collective: every rank
-        calls it after every step."""
-        if DD.any_true(torch.tensor(self.raised), dd):
-            save()
-            raise Preempted(f"SIGTERM at step {step}/{total_steps}: state saved to {state_path}; "
-                            f"rerun the same command to resume")
-
-
-def stop_with_parent(poll_s: float = 0.5) -> None:
-    """End this process the way a preemption does (SIGTERM: a last state.pt, exit 143) when its
-    parent dies (loopscale.io.watch_parent, started at the very top of the command line entry,
-    before the heavy imports, so this is a no-op there)."""
-    from .io import watch_parent
-    watch_parent(poll_s)
-
-
-def _metrics_upto(path: Path, step: int) -> None:
-    """Drop log records past `step` (written after the checkpoint a resume starts from)."""
-    if not path.exists():
-        return
-    keep = []
-    for line in path.read_text().splitlines():
-        try:
-            if json.loads(line).get("step", 0) <= step:
-                keep.append(line)
-        except json.JSONDecodeError:  # a line torn by a crash
-            continue
-    atomic_write_text(path, "".join(l + "\n" for l in keep))
-
-
-def _resume(path: Path, cfg: RunConfig, model, opt, device, total_steps: int, dd: DD.Dist) -> tuple[int, float]:
-    """Load a state.pt into the model and optimiser; returns (step, elapsed). Anything amiss
-    is one CheckpointError."""
-    ck = load_checkpoint(path, map_location=device)
-    again = "train with --no-resume to start over"
-    if not same_settings(ck, cfg):
-        raise CheckpointError(f"checkpoint {path} was written with a different config; {again} "
-                              f"(or delete the run directory {path.parent})")
-    step = ck.get("step")
-    if not isinstance(step, int) or isinstance(step, bool) or step < 0:
-        raise CheckpointError(f"checkpoint {path} is malformed (step {step!r}); {again}")
-    if step > total_steps:
-        raise CheckpointError(f"checkpoint {path} is at step {step}, past this run's {total_steps} steps "
-                              f"(train.max_steps or train.epochs lowered); raise them, or {again}")
-    try:
-        DD.load_states(model, opt, ck["model"], ck["optimizer"], dd, cfg.train.fsdp)
-        ranks = ck.get("rng_ranks") or [{"cpu": ck["rng_cpu"], "cuda": ck.get("rng_cuda")}]
-        if dd.rank < len(ranks):  # a checkpoint of fewer ranks leaves the others their fresh seeds
-            DD.set_rng_state(ranks[dd.rank], device)
-        elapsed = float(ck.get("elapsed", 0.0))
-    except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError) as e:
-        what = f"missing {e}" if isinstance(e, KeyError) else (str(e).splitlines() or [type(e).__name__])[0][:160]
-        raise CheckpointError(f"checkpoint {path} is malformed ({what}); {again}") from None
-    return step, elapsed
-
-
-_PEER_LOST = re.compile(r"gloo|nccl|connection (closed|reset) by peer|broken pipe|processgroup|rendezvous|"
-                        r"timed out .*(collective|store)", re.I)
-
-
-def lost_peer(error: BaseException, world: int) -> bool:
-    """Whether a training error under torchrun came from the other ranks (a lost peer, a
-    broken collective), not from this run: the job then fails and its retry resumes from
-    state.pt; it is never recorded as the run's result (--record-failure)."""
-    if world <= 1:
-        return False
-    dist_error = getattr(torch.distributed, "DistError", ())
-    return isinstance(error, dist_error) or (isinstance(error, RuntimeError) and bool(_PEER_LOST.search(str(error))))
-
-
-def record_failure(cfg: RunConfig, out_dir: str | Path, error: BaseException) -> dict:
-    """Mark a run that crashed as failed, keeping state.pt for a later retry.
-
-    Writes summary.json (status "failed") and, so that every outcome leaves the same files,
-    model.pt as a record without weights ({"status": "failed", "config", "error"}): loading
-    it names the failure (io.load_checkpoint), evaluating it writes "failed" results. The
-    weights file of an earlier run of this directory (model.safetensors) is removed."""
-    summary = {"status": "failed", "error": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:500],
-               "steps": None, "config_fingerprint": cfg.fingerprint()}
-    state = Path(out_dir) / "state.pt"
-    if state.exists():
-        try:
-            summary["steps"] = load_checkpoint(state)["step"]
-        except CheckpointError:
-            pass
-    atomic_torch_save(Path(out_dir) / "model.pt", {"status": "failed", "config": cfg.to_dict(),
-                                                   "error": summary["error"]})
-    from .artifacts import WEIGHTS
-    (Path(out_dir) / WEIGHTS).unlink(missing_ok=True)  # weights of an earlier run: not this run's
-    for kept in _KEPT.values():  # nor its finished model.pt / summary.json
-        (Path(out_dir) / kept).unlink(missing_ok=True)
-    atomic_write_json(Path(out_dir) / "summary.json", summary)
-    return summary
-
-
-def result_fingerprint(cfg: RunConfig | dict, stream: dict | None = None) -> str:
-    """Hash of the settings a finished run's files depend on (not eval, threads, device, ...);
-    with `stream` (a streamed run's StreamConfig as a dict, `loopscale train-stream`) those too."""
-    d = resume_comparable(cfg if isinstance(cfg, dict) else cfg.to_dict(), _RESULT_FREE)
-    if stream is not None:
-        d = {"config": d, "stream": stream}
-    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def _finished_summary(out: Path, fingerprint: str, legacy: Callable[[dict], bool] | None = None) -> dict | None:
-    """The summary of a finished run in `out` whose result_fingerprint is `fingerprint`, if
-    there is one (`legacy(summary)` decides for a summary written before result fingerprints);
-    a finished run of other settings is refused (like a state.pt of other settings), never
-    overwritten."""
-    try:
-        summary = json.loads((out / "summary.json").read_text())
-    except (OSError, ValueError):
-        return None
-    if not (isinstance(summary, dict) and summary.get("status") in ("completed", "diverged")
-            and (out / "model.pt").exists()):
-        return None
-    if "result_fingerprint" in summary:
-        same = summary["result_fingerprint"] == fingerprint
-    else:  # written before result fingerprints
-        same = legacy is not None and legacy(summary)
-    if not same:
-        raise CheckpointError(f"{out} holds a finished run of other settings; train with --no-resume to "
-                              f"replace it, or choose another --out")
-    return summary
-
-
-def _clean_leftovers(out: Path) -> None:
-    """Temporary files of writes a kill interrupted (`.NAME.*.tmp`, see io.atomic_write)."""
-    for tmp in out.glob(".*.tmp"):
-        if tmp.is_file():
-            tmp.unlink(missing_ok=True)
-
-
-def _run_outputs(out: Path) -> list[Path]:
-    """What a finished run writes beside its training state: the outputs of training
-    (model.pt, summary.json, the artifact files) and of its evaluations (eval/<diagnostic>.json)."""
-    from .artifacts import HF_CONFIG, MODELING, TOKENIZER_FILES, WEIGHTS
-    from .registry import DIAGNOSTICS
-    names = ["summary.json", HF_CONFIG, "model.pt", WEIGHTS, MODELING, *TOKENIZER_FILES,
-             *(d.file for d in DIAGNOSTICS.values())]
-    return [out / n for n in names]
-
-
-# A finished run keeps a second name (a hard link: no second copy) of model.pt and summary.json.
-# Snakemake deletes a job's outputs before rerunning it as "incomplete", also when the job in
-# fact finished (snakemake alone interrupted with Ctrl-C or SIGINT waits for the running job,
-# then records it incomplete, and `--rerun-incomplete` deletes the finished model.pt): with both
-# files gone and these names holding a finished run of the same settings, the run is restored,
-# never retrained from step 0.
-_KEPT = {"model.pt": ".finished.model.pt", "summary.json": ".finished.summary.json"}
-
-
-def _keep_finished(out: Path) -> None:
-    """Second names for a finished run's model.pt and summary.json (skipped where the file
-    system has no hard links)."""
-    for name, kept in _KEPT.items():
-        (out / kept).unlink(missing_ok=True)
-        with contextlib.suppress(OSError):
-            os.link(out / name, out / kept)
-
-
-def _restore_finished(out: Path, fingerprint: str) -> bool:
-    """Put back a finished run of these settings whose model.pt and summary.json were both
-    deleted (see _KEPT); True when it did. Anything else the second names hold is dropped."""
-    if any((out / n).exists() for n in _KEPT) or not all((out / k).is_file() for k in _KEPT.values()):
-        return False
-    try:
-        summary = json.loads((out / _KEPT["summary.json"]).read_text())
-        same = (isinstance(summary, dict) and summary.get("status") in ("completed", "diverged")
-                and summary.get("result_fingerprint") == fingerprint)
-    except (OSError, ValueError):
-        same = False
-    if not same:
-        for kept in _KEPT.values():
-            (out / kept).unlink(missing_ok=True)
-        return False
-    now = time.time()
-    for name, kept in _KEPT.items():  # model.pt first: summary.json, last, says the run is finished
-        tmp = out / f".{name}.restore.tmp"
-        tmp.unlink(missing_ok=True)
-        os.link(out / kept, tmp)
-        os.utime(tmp, (now, now))  # newer than its inputs, as a just-finished job's outputs are
-        os.replace(tmp, out / name)
-    logger.info("%s: kept the finished run (its model.pt and summary.json had been deleted, e.g. by "
-                "snakemake --rerun-incomplete after an interrupt); train with --no-resume to retrain it", out)
-    return True
-
-
-def _invalidate_outputs(out: Path, fresh: bool) -> None:
-    """Before training starts or resumes, remove what an earlier run of this directory left:
-    a run that trains is unfinished, so every finished-run file there is another run's (a
-    retrain with new settings, --no-resume, a resumed state after a kill), and must never sit
-    beside the new loopscale.json looking "completed" (a kill or SIGTERM mid-run). Only the named
-    files go (summary.json and the Hugging Face config.json, which marks a complete artifact,
-    first); a fresh start also drops tensorboard/."""
-    for p in [*(out / k for k in _KEPT.values()), *_run_outputs(out)]:
-        p.unlink(missing_ok=True)
-    with contextlib.suppress(OSError):
-        (out / "eval").rmdir()  # only when empty: it may hold files that are not ours
-    if fresh:
-        if (out / "tensorboard").is_dir():
-            import shutil
-            shutil.rmtree(out / "tensorboard", ignore_errors=True)
-
-
-def drop_stale(run_dir: str | Path, cfg: RunConfig, extra: dict | None = None) -> bool:
-    """Delete RUN/state.pt when it was written with other training settings than `cfg` (and,
-    for a streamed run, other `extra` entries, e.g. {"stream": ...}): a settings change makes it
-    useless; resuming it would raise. Used by `loopscale train --drop-stale-state` and
-    `loopscale train-stream --drop-stale-state` (the pipeline's training jobs), inside the run
-    lock (train.run_directory), so a running trainer's state.pt is never touched.
-
-    Returns True when it was deleted."""
-    state = Path(run_dir) / "state.pt"
-    if not state.exists():
-        return False
-    try:
-        same = same_settings(load_checkpoint(state), cfg, extra)
-    except CheckpointError:
-        same = False
-    if not same:
-        state.unlink(missing_ok=True)
-        logger.warning("%s belonged to other settings; training starts over", state)
-        return True
-    return False
-
-
-@contextlib.contextmanager
-def run_directory(out_dir: str | Path, what: str, fingerprint: str, *, resume: bool,
-                  legacy: Callable[[dict], bool] | None = None,
-                  drop_stale: Callable[[Path], object] | None = None) -> Iterator[dict | None]:
-    """The run directory of a trainer (`loopscale train`, `loopscale train-stream`), created
-    and locked for the duration of the block (a second trainer on it is refused with one line,
-    before anything in it is touched); leftovers of a killed run are removed first. Yields the
-    summary of the finished run of these settings (`fingerprint`, see result_fingerprint) that
-    the directory holds, which the trainer returns instead of training, or None: the trainer
-    trains (resuming its state.pt). A finished run of other settings is refused (CheckpointError);
-    `resume=False` (--no-resume) trains over whatever the directory holds. `drop_stale`
-    (--drop-stale-state) is called on the directory once it is locked: it may delete a state.pt
-    of other settings, never one a running trainer is writing."""
-    out = Path(out_dir)
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-    except (FileExistsError, NotADirectoryError):
-        raise ConfigError(f"run directory {out} is a file or lies under one; choose another --out") from None
-    main = DD.env_world()[0] == 0  # under torchrun only rank 0 writes files, so only it locks
-    with run_lock(out, what) if main else contextlib.nullcontext():
-        if main:
-            _clean_leftovers(out)
-        if drop_stale is not None:
-            drop_stale(out)
-        if resume:
-            _restore_finished(out, fingerprint)
-        done = _finished_summary(out, fingerprint, legacy) if resume else None
-        if done is not None:  # these very settings are already trained: keep the run untouched
-            (out / "state.pt").unlink(missing_ok=True)  # a kill between model.pt and its removal
-            if main:
-                logger.info("%s is already finished (%s, %s steps): kept as it is, not trained again; "
-                            "train with --no-resume to retrain it", out, done.get("status"), done.get("steps"))
-        yield done
-
-
 def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: bool = True,
           progress: bool = True, drop_stale_state: bool = False) -> dict:
     """Train one run; returns the summary dict (also written to summary.json).
@@ -577,13 +254,13 @@ def _train(cfg: RunConfig, data_dir: str | Path, out: Path, *, resume: bool, pro
     state_path, metrics_path = out / "state.pt", out / "metrics.jsonl"
     step, elapsed_before = 0, 0.0
     if resume and state_path.exists():
-        step, elapsed_before = _resume(state_path, cfg, model, opt, device, total_steps, dd)
+        step, elapsed_before = load_state(state_path, cfg, model, opt, device, total_steps, dd)
         if main:
-            _invalidate_outputs(out, fresh=False)
-            _metrics_upto(metrics_path, step)
+            invalidate_outputs(out, fresh=False)
+            metrics_upto(metrics_path, step)
             logger.info("resuming from %s at step %d/%d", state_path, step, total_steps)
     elif main:
-        _invalidate_outputs(out, fresh=True)  # a run that starts over: nothing of the old one stays
+        invalidate_outputs(out, fresh=True)  # a run that starts over: nothing of the old one stays
         state_path.unlink(missing_ok=True)
         metrics_path.unlink(missing_ok=True)
     DD.barrier(dd)  # rank 0 has read or dropped the old files before it writes new ones
@@ -716,7 +393,7 @@ def _train(cfg: RunConfig, data_dir: str | Path, out: Path, *, resume: bool, pro
         from .artifacts import write_artifacts  # model.safetensors + tokenizer files (artifacts.py)
         write_artifacts(out, DD.plain_model(model, weights, dd, tc.fsdp), cfg, data_dir)  # config.json last
         atomic_write_json(out / "summary.json", summary)  # last: the run is finished
-        _keep_finished(out)
+        keep_finished(out)
         state_path.unlink(missing_ok=True)
     DD.barrier(dd)  # no rank reports the run finished before its files exist
     return summary

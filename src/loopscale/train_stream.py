@@ -48,7 +48,7 @@ def _recorded_fingerprint(out: Path) -> Optional[str]:
     """The result fingerprint of the streamed run recorded in out/loopscale.json (its config and
     stream settings), for a summary.json written before train-stream recorded one."""
     from .artifacts import RECORD
-    from .train import result_fingerprint
+    from .rundir import result_fingerprint
     try:
         rec = json.loads((out / RECORD).read_text())
         return result_fingerprint(rec["config"], rec["stream"])
@@ -82,7 +82,7 @@ def train_stream(cfg: RunConfig, s: StreamConfig, out_dir: str | Path, *, val_da
     returned as it is, one of other settings refused, unless `resume` is False.
     `drop_stale_state`: a state.pt of other settings (config or stream) is deleted, once the
     directory is locked, instead of refused."""
-    from .train import drop_stale, result_fingerprint, run_directory
+    from .rundir import drop_stale, result_fingerprint, run_directory
 
     if not cfg.train.max_steps:
         raise ConfigError("train.max_steps is required for a streamed run (a stream has no epochs)")
@@ -109,8 +109,8 @@ def _train_stream(cfg: RunConfig, s: StreamConfig, out: Path, fingerprint: str, 
     from .io import atomic_torch_save, atomic_write_json, load_checkpoint, weights_sha256
     from .model import build_model
     from .runtime import enable_tf32, resolve_device
-    from .train import (LastFinite, SigtermFlag, _invalidate_outputs, _keep_finished, _metrics_upto, global_mean,
-                        same_settings, train_step)
+    from .rundir import SigtermFlag, invalidate_outputs, keep_finished, metrics_upto, same_settings
+    from .train import LastFinite, global_mean, train_step
 
     tc, mc = cfg.train, cfg.model
     dd = DD.setup(resolve_device(tc.device))
@@ -159,10 +159,10 @@ def _train_stream(cfg: RunConfig, s: StreamConfig, out: Path, fingerprint: str, 
         if step > tc.max_steps:
             raise ConfigError(f"{state_path} is at step {step}, past train.max_steps {tc.max_steps}")
     stream = ChunkStream(s, tok, mc.seq_len, dd.rank, dd.world, consumed=consumed[dd.rank])
-    if main:  # what an earlier run of this directory left is not this run's (train._invalidate_outputs)
-        _invalidate_outputs(out, fresh=not resumed)
+    if main:  # what an earlier run of this directory left is not this run's (train.invalidate_outputs)
+        invalidate_outputs(out, fresh=not resumed)
         if resumed:  # records written after that state (a crash between checkpoints) are redone
-            _metrics_upto(metrics_path, step)
+            metrics_upto(metrics_path, step)
         else:
             state_path.unlink(missing_ok=True)
             metrics_path.unlink(missing_ok=True)
@@ -237,7 +237,7 @@ def _train_stream(cfg: RunConfig, s: StreamConfig, out: Path, fingerprint: str, 
             with open(metrics_path, "a") as f:
                 f.write(json.dumps(val) + "\n")
         atomic_write_json(out / "summary.json", summary)  # last: the run is finished
-        _keep_finished(out)
+        keep_finished(out)
         state_path.unlink(missing_ok=True)
     DD.barrier(dd)
     return summary
@@ -262,7 +262,7 @@ def cmd_train_stream(args) -> int:
         base = merge(base, given.get("stream", given), "stream")
     s = StreamConfig.from_dict(merge(base, stream_sets, "stream"))
     if args.stop_with_parent:
-        from .train import stop_with_parent
+        from .rundir import stop_with_parent
         stop_with_parent()
     summary = train_or_record(cfg, args, lambda: train_stream(cfg, s, args.out, val_data=args.val_data,
                                                               resume=not args.no_resume,
