@@ -374,7 +374,9 @@ class LoopedLM(nn.Module):
         return _PublishedView(self)
 
     def num_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())
+        """Every weight, the exit gate's included where set_objective made it constant."""
+        gate = [] if self.exit_gate is None else [b for n, b in self.exit_gate.named_buffers() if n in ("weight", "bias")]
+        return sum(p.numel() for p in self.parameters()) + sum(b.numel() for b in gate)
 
 
 class _PublishedView:
@@ -386,11 +388,8 @@ class _PublishedView:
         self.alpha_readouts = m.readout_norm if m.per_loop_readout else None
 
 
-def build_model(cfg: ModelConfig) -> nn.Module:
-    """The model of `model.arch` (an entry of ARCHITECTURES)."""
-    if getattr(cfg, "arch", "looped") == "ouro":
-        from .ouro import OuroLM
-        return OuroLM(cfg)
+def build_model(cfg: ModelConfig) -> LoopedLM:
+    """The model of a config: LoopedLM, whatever `model.arch` (an entry of ARCHITECTURES)."""
     return LoopedLM(cfg)
 
 
