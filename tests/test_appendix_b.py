@@ -65,7 +65,7 @@ def test_report_links_appendix_b_md_of_an_ouro_experiment(tmp_path, arch):
     """REPORT.md of an Ouro experiment links appendix_b.md and appendix_b.csv (relative to the
     report) and keeps Appendix B's sub-tables under its heading inside "## Tables"; a report
     of other runs has neither."""
-    from loopscale.report.write import report_markdown
+    from loopscale.report.document import report_markdown
     runs = load_runs(write_runs(tmp_path / "runs", arch))
     text = report_markdown(runs, tmp_path / "results", tmp_path / "results" / "REPORT.md", "ouro-smoke")
     link = "[appendix_b.md](appendix_b.md), [appendix_b.csv](appendix_b.csv)"

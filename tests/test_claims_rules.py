@@ -37,7 +37,7 @@ def by_id(results):
 # kinds, (c-depth), (g) and (g-ctrl)
 # ---------------------------------------------------------------------------
 def test_every_claim_has_a_kind_and_sanity_checks_say_why():
-    kinds = {C._id_of(s): s for s in C.CLAIM_SPECS}
+    kinds = {C.claim_id(s): s for s in C.CLAIM_SPECS}
     assert {i for i, s in kinds.items() if s.kind == C.SANITY} == {"b-pen", "c-acc", "d"}
     for s in kinds.values():
         assert s.kind in (C.EVIDENCE, C.SANITY)
@@ -156,7 +156,7 @@ def test_factorial_family_evaluates_each_arm():
             recs.append(rec(RMS, seed, (16.0, 16.0, 16.0), (100.0, 300.0, drift), {"freeze_loop1": 0.01}, arm=arm))
             recs.append(rec(RAW, seed, (16.0, 14.0, 13.0), (4.0, 4.5, 5.0), {"freeze_loop1": 0.05}, arm=arm))
     specs = C.specs_of("factorial")
-    assert [C._id_of(s) for s in specs] == list(C.FACTORIAL_IDS)
+    assert [C.claim_id(s) for s in specs] == list(C.FACTORIAL_IDS)
     res = by_id(C.evaluate_records(recs, specs, preregistered="studies/cpu_factorial/preregistration.md"))
     assert {a for a, _ in res} == {"w128", "l4"} and len(res) == 2 * len(C.FACTORIAL_IDS)
     assert res[("w128", "a")].verdict == "reproduced (2/2 seeds)"  # 1000 vs 5
@@ -227,7 +227,7 @@ def test_dose_rules_need_the_control_arm_and_three_levels():
 # ---------------------------------------------------------------------------
 def test_claims_from_committed_csvs_equal_those_from_run_directories(tmp_path, monkeypatch):
     from loopscale.cli import main
-    from loopscale.report.aggregate import group_runs
+    from loopscale.report.groups import group_runs
     monkeypatch.chdir(tmp_path)
     grid = make_grid(tmp_path / "runs")
     assert main(["report", "tables", "--runs", str(grid), "--out", str(tmp_path / "res")]) == 0

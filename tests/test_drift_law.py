@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from loopscale.report import drift_law as DL
-from loopscale.report.drift import paper_steps
+from loopscale.report.extrapolation import paper_steps
 
 RMS = DL.DRIFTING
 

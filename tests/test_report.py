@@ -15,14 +15,14 @@ import yaml
 
 from loopscale.config import preset
 from loopscale.report import claims as C
-from loopscale.report.aggregate import group_runs, write_tables
+from loopscale.report.groups import group_runs, write_tables
 from loopscale.report.tables import build_tables
 from loopscale.report.claims import CondStats
 from loopscale.report.cli import find_run_dirs
 from loopscale.report.figures import FIGURES, write_figures
 from loopscale.registry import condition
 from loopscale.report.runs import load_run, load_runs
-from loopscale.report.write import report_markdown
+from loopscale.report.document import report_markdown
 
 D, K = 32, 3
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -432,7 +432,7 @@ def test_no_runs_is_an_error(tmp_path):
 # tidy per-seed table, drift law, PDFs
 # ---------------------------------------------------------------------------
 def test_per_seed_csv_schema(grid, tmp_path):
-    from loopscale.report.tidy import COLUMNS
+    from loopscale.report.tables import COLUMNS
     runs = runs_of(grid)
     write_tables(build_tables(runs), tmp_path)
     df = pd.read_csv(tmp_path / "per_seed.csv")
@@ -454,7 +454,7 @@ def test_per_seed_csv_schema(grid, tmp_path):
 
 
 def test_drift_law_recovers_a_power_law_and_a_log_law():
-    from loopscale.report import drift
+    from loopscale.report import extrapolation as drift
     t = np.arange(20, 2001, 20, dtype=float)
     fits = drift.fit_laws(t, 3.0 * t ** 0.7)
     assert drift.choose(fits).law == "power" and fits["power"].b == pytest.approx(0.7)
@@ -471,7 +471,7 @@ def test_drift_law_recovers_a_power_law_and_a_log_law():
 
 
 def test_drift_table_extrapolates_with_an_interval(tmp_path):
-    from loopscale.report.drift import drift_table, paper_steps
+    from loopscale.report.extrapolation import drift_table, paper_steps
     root = tmp_path / "runs"
     for seed in (1, 2):
         d = make_run(root, seed=seed)
@@ -520,7 +520,7 @@ def test_workflow_captions_and_dvc_plots_name_every_figure():
 
 
 def test_drift_law_never_extrapolates_a_negative_norm():
-    from loopscale.report import drift
+    from loopscale.report import extrapolation as drift
     t = np.arange(20, 401, 20, dtype=float)
     n = 16.0 - 2.4 * np.log(t) + 0.01 * np.sin(t)  # a falling norm: the log law reaches 0 by ~800 steps
     fits = drift.fit_laws(t, n)
@@ -645,7 +645,7 @@ def test_claims_markdown_keeps_registered_rule_and_verdict(grid, tmp_path):
 
 
 def test_drift_bootstrap_resamples_runs_or_blocks_never_records():
-    from loopscale.report import drift
+    from loopscale.report import extrapolation as drift
     a = (np.arange(10.0, 110.0, 10.0), np.full(10, 1.0))
     b = (np.arange(10.0, 110.0, 10.0), np.full(10, 2.0))
     for t, y in drift.bootstrap_resamples([a, b], n=50):
@@ -666,7 +666,7 @@ def test_norm_per_loop_draws_the_headline_condition_on_top_and_labels_it(tmp_pat
     make_run(root, readout="layernorm", seed=1, norm_k=(101.0, 191.0, 376.0))  # almost the same curve
     make_run(root, readout="raw", seed=1, norm_k=(5.0, 5.0, 5.1))
     got = {}
-    monkeypatch.setattr(Fg, "_save", lambda fig, path: got.setdefault("fig", fig) and path)
+    monkeypatch.setattr(Fg, "save_figure", lambda fig, path: got.setdefault("fig", fig) and path)
     Fg.fig_norm_per_loop(group_runs(runs_of(root)), tmp_path / "f.png")
     ax = got["fig"].axes[0]
     lines = [ln for ln in ax.get_lines() if len(ln.get_xdata()) == 3]
@@ -683,7 +683,7 @@ def test_a_pipeline_check_says_so_and_leaves_out_verdicts_drift_and_empty_parts(
     and a table without rows are left out and named in one line. The same runs as evidence
     keep the verdicts."""
     from loopscale.report.figures import FIGURES, no_data
-    from loopscale.report.write import NOT_EVIDENCE_FIGURES, has_data
+    from loopscale.report.document import NOT_EVIDENCE_FIGURES, has_data
     root = tmp_path / "runs"
     make_run(root, seed=1, diags=("depth", "norms"))
     make_run(root, readout="raw", seed=1, diags=("depth", "norms"))

@@ -1,4 +1,4 @@
-"""The endpoint-scale story (report/story.py, `loopscale eval story`) against the official
+"""The endpoint-scale story (report/endpoint_scale.py, `loopscale eval story`) against the official
 endpoint_scale_story_metrics.py's output on the same numbers (tests/fixtures/story/)."""
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ import pytest
 from loopscale.cli import main
 from loopscale.config import preset
 from loopscale.registry import condition
-from loopscale.report.aggregate import group_runs
+from loopscale.report.groups import group_runs
 from loopscale.report.cli import find_run_dirs
 from loopscale.report.runs import load_runs
-from loopscale.report.story import (per_loop, ranks, scale_visible, spearman, story_point, story_points,
+from loopscale.report.endpoint_scale import (per_loop, ranks, scale_visible, spearman, story_point, story_points,
                                     story_summary, story_table)
 
 FIX = Path(__file__).parent / "fixtures" / "story"
@@ -176,7 +176,7 @@ def test_frontier_exits_reads_each_depth_through_its_exit_readout(tmp_path, monk
         import matplotlib.pyplot as plt
         plt.close(fig)
         return path
-    monkeypatch.setattr(F, "_save", keep)
+    monkeypatch.setattr(F, "save_figure", keep)
     groups = groups_of(root)
     F.fig_frontier_exits(groups, tmp_path / "frontier_exits.png")
     F.fig_frontier(groups, tmp_path / "frontier.png")
@@ -187,7 +187,7 @@ def test_frontier_exits_reads_each_depth_through_its_exit_readout(tmp_path, monk
 
 
 def test_paper_halting_table_reads_the_paper_protocol(tmp_path):
-    from loopscale.report.halting_paper import halting_paper_table
+    from loopscale.report.tables import halting_paper_table
     root = tmp_path / "runs"
     for seed, speed in ((1, 2.0), (2, 4.0)):
         d = write_run(root, "raw", "per_loop", "none", seed=seed)

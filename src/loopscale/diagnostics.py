@@ -544,7 +544,7 @@ def add_cli(subparsers) -> None:
         _common(q)
         q.add_argument("--out", required=True, help="result JSON file to write")
         q.set_defaults(func=cmd_eval)
-    from .report.cli import add_story_cli  # cross-run: reads the runs' eval JSONs (report/story.py)
+    from .report.cli import add_story_cli  # cross-run: reads the runs' eval JSONs (report/endpoint_scale.py)
     add_story_cli(sub)
     q = sub.add_parser("all", help="every diagnostic (or those of --only), one JSON per diagnostic in --outdir")
     _common(q)

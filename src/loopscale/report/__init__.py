@@ -34,11 +34,23 @@ any other directory given is searched recursively for such run directories, so
 is written atomically and is a pure function of the inputs (no timestamps), so the same
 runs give the same bytes.
 
-Modules: runs (reading a run directory), records (one record per run from a run directory or
-per_seed.csv), aggregate (tables), figures, claims (the paper's claims with verdict rules and thresholds),
-dose (the norm penalty's dose-response, D1–D4), claims_matrix (claims across experiments), drift (the drift law of ‖H_K‖ over training
-steps), tidy (per_seed.csv), appendix_b (Appendix B's tables), paper (the paper's numbers), write (REPORT.md),
-metrics (metrics.json).
+Modules, by what they produce:
+  runs            reading a run directory (config, status, training log, eval JSONs), validated
+  groups          runs grouped by size × condition, per-run values, `Table`, notes under tables
+  tables          every table of the report (`build_tables`), per_seed.csv included
+  figures         every figure
+  claims          the paper's claims: rules, thresholds, verdicts (records: one record per run,
+                  from a run directory or from per_seed.csv); dose: the dose-response rules D1–D4;
+                  claims_matrix: claims × experiments
+  extrapolation   one experiment's ‖H_K‖ over training steps, fitted and extrapolated to the
+                  paper's lengths (drift.csv)
+  drift_law       the law across experiments (results/drift_law)
+  endpoint_scale  the paper's endpoint-scale story (loss placement × scale visibility)
+  appendix_b      Appendix B's tables (Ouro track)
+  document        REPORT.md
+  metrics         metrics.json for DVC
+  markdown        number formatting and Markdown tables
+  paper           the paper's numbers
 """
 
 

@@ -16,8 +16,8 @@ from typing import Iterable, Optional
 
 import pandas as pd
 
-from .aggregate import Table, stats
-from .fmt import md_table, num, pm
+from .groups import Table, stats
+from .markdown import md_table, pm
 
 PAPER = "not reported"
 DEPTH_PREFIX = "ouro_depth-"

@@ -60,11 +60,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Optional
 
 from . import paper
-from .aggregate import Group, stats
-from .fmt import num
+from .groups import Group, stats
+from .markdown import num
 from .records import RunRecord, growth_of, records_of_runs
 from ..registry import Condition, condition
 from .runs import finite
@@ -253,7 +252,7 @@ def condition_stats(g: Group) -> CondStats:
 
 def training_growth(run, from_fraction: float = 0.2) -> float:
     """Exponent b of ‖H_K‖ ∝ t^b over one run's training log (records.growth_of)."""
-    from .aggregate import training_norms
+    from .groups import training_norms
     return growth_of(training_norms(run), from_fraction)
 
 
@@ -754,11 +753,11 @@ def specs_of(family: str = "paper") -> tuple:
     if family == "paper":
         return CLAIM_SPECS
     if family == "factorial":
-        return tuple(s for s in CLAIM_SPECS if _id_of(s) in FACTORIAL_IDS)
+        return tuple(s for s in CLAIM_SPECS if claim_id(s) in FACTORIAL_IDS)
     raise ValueError(f"unknown claims family {family!r} (paper, factorial; dose has its own rules: report/dose.py)")
 
 
-def _id_of(spec: ClaimSpec) -> str:
+def claim_id(spec: ClaimSpec) -> str:
     return spec.fn({}).id
 
 
@@ -857,7 +856,7 @@ def _registered_text(r: ClaimResult) -> str:
 
 
 def claims_markdown(results: list[ClaimResult]) -> str:
-    from .fmt import md_table
+    from .markdown import md_table
     multi = len({r.arm for r in results}) > 1
     out = []
     for kind, title, intro in (
@@ -883,7 +882,7 @@ def claims_markdown(results: list[ClaimResult]) -> str:
 def choices_markdown(results: list[ClaimResult]) -> str:
     """Per claim and researcher choice: each option's per-seed verdicts, and how many cells agree
     with the headline (seed-mean) verdict."""
-    from .fmt import md_table
+    from .markdown import md_table
     multi = len({r.arm for r in results}) > 1
     rows = []
     for r in results:

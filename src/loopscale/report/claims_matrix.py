@@ -27,7 +27,7 @@ from pathlib import Path
 import pandas as pd
 
 from ..io import atomic_write_text
-from .fmt import md_table
+from .markdown import md_table
 
 NOT_RUN_CELL = "–"
 
@@ -70,8 +70,8 @@ def _read(results_dir: Path) -> pd.DataFrame:
     if missing:
         raise MatrixError(f"{f}: missing column(s) {', '.join(missing)}")
     if "kind" not in df.columns:  # a claims.csv written before claims had kinds
-        from .claims import CLAIM_SPECS, _id_of
-        kinds = {_id_of(s): s.kind for s in CLAIM_SPECS}
+        from .claims import CLAIM_SPECS, claim_id
+        kinds = {claim_id(s): s.kind for s in CLAIM_SPECS}
         df["kind"] = [kinds.get(i, "evidence") for i in df["id"]]
     if "arm" not in df.columns:
         df["arm"] = df["size"] if "size" in df.columns else ""
@@ -82,9 +82,9 @@ def _read(results_dir: Path) -> pd.DataFrame:
 
 
 def _order() -> dict:
-    from .claims import CLAIM_SPECS, _id_of
+    from .claims import CLAIM_SPECS, claim_id
     from .dose import RULES
-    ids = [_id_of(s) for s in CLAIM_SPECS] + [fn(pd.DataFrame(columns=["status", "lambda", "norm_K", "depth_gain",
+    ids = [claim_id(s) for s in CLAIM_SPECS] + [fn(pd.DataFrame(columns=["status", "lambda", "norm_K", "depth_gain",
                                                                        "ppl_K", "seed"])).id for fn in RULES]
     return {i: n for n, i in enumerate(ids)}
 

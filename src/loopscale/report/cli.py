@@ -34,10 +34,10 @@ def _runs(args):
 
 
 def cmd_tables(args) -> int:
-    from .aggregate import write_tables
+    from .groups import write_tables
     from .metrics import write_metrics
     from .tables import build_tables
-    from .write import claims_tables
+    from .document import claims_tables
     runs = _runs(args)
     tables = build_tables(runs, root=Path.cwd()) + claims_tables(runs, args.claims, args.preregistered)
     written = write_tables(tables, Path(args.out)) + [write_metrics(tables, Path(args.out) / "metrics.json")]
@@ -59,7 +59,7 @@ def cmd_figures(args) -> int:
 
 def cmd_write(args) -> int:
     from ..io import atomic_write_text
-    from .write import load_params, report_markdown
+    from .document import load_params, report_markdown
     from ..config import ConfigError
     params = load_params(args.params, args.experiment)
     if not Path(args.results).is_dir():  # the tables the report links: without them it would link nothing
@@ -125,9 +125,9 @@ def cmd_drift_law_predict(args) -> int:
 
 def cmd_claims(args) -> int:
     """claims/choices (+ dose) tables rebuilt from an experiment's committed per_seed.csv and train_norms.csv."""
-    from .aggregate import write_tables
+    from .groups import write_tables
     from .records import RecordsError, records_from_results
-    from .write import claims_tables_of_records
+    from .document import claims_tables_of_records
     try:
         records = records_from_results(args.results)
     except RecordsError as e:
@@ -135,9 +135,9 @@ def cmd_claims(args) -> int:
         return 2
     out = Path(args.out or args.results)
     tables = claims_tables_of_records(records, args.claims, args.preregistered)
-    tables[0].md = (f"Rebuilt by `loopscale report claims` from the committed per_seed.csv and train_norms.csv (the "
-                    f"run directories were not at hand: the median-‖H_K‖ choice, which needs eval/norms.json per run, "
-                    f"is absent).\n\n" + tables[0].md)
+    tables[0].md = ("Rebuilt by `loopscale report claims` from the committed per_seed.csv and train_norms.csv (the "
+                    "run directories were not at hand: the median-‖H_K‖ choice, which needs eval/norms.json per run, "
+                    "is absent).\n\n" + tables[0].md)
     written = write_tables(tables, out)
     if args.claims == "dose" and args.figures:
         from . import dose
@@ -164,10 +164,10 @@ def write_story(run_dirs: list[str], out: Path) -> list[Path]:
     """story.{csv,md}, story_summary.json and story_quadrant.{png,pdf} of the runs under `run_dirs`."""
     import json
     from ..io import atomic_write_text
-    from .aggregate import group_runs, write_tables
+    from .groups import group_runs, write_tables
     from .figures import fig_story
     from .runs import load_runs
-    from .story import json_safe, story_points, story_summary, story_table
+    from .endpoint_scale import json_safe, story_points, story_summary, story_table
     groups = group_runs(load_runs(find_run_dirs(run_dirs)))
     out = Path(out)
     written = write_tables([story_table(groups)], out)
@@ -186,7 +186,7 @@ def cmd_story(args) -> int:
 
 def add_story_cli(sub) -> None:
     """`loopscale eval story` (under `loopscale eval`: a cross-run diagnostic computed from the
-    runs' eval JSONs, report/story.py)."""
+    runs' eval JSONs, report/endpoint_scale.py)."""
     q = sub.add_parser("story", help="loss placement x scale visibility over a grid's runs (2x2 table, quadrant "
                                      "figure, radial-vs-norm correlations)")
     q.add_argument("--runs", nargs="+", required=True, metavar="RUN_DIR",

@@ -23,9 +23,9 @@ import warnings
 
 import pandas as pd
 
-from .aggregate import stats
+from .groups import stats
 from .claims import EVIDENCE, NOT_REPRODUCED, NOT_RUN, REPRODUCED, ClaimResult, combine
-from .fmt import md_table, num
+from .markdown import md_table, num
 from .records import RunRecord
 from .runs import finite
 
@@ -198,7 +198,7 @@ def thresholds_text() -> str:
 def fig_dose(df: pd.DataFrame, path):
     """‖H_K‖ (log scale), G and PPL_K against λ (symlog x): every run, and the seed means joined."""
     from pathlib import Path
-    from .figures import _save  # sets the Agg backend first
+    from .figures import save_figure  # sets the Agg backend first
     import matplotlib.pyplot as plt
     ok = df[df.status == "completed"]
     m = ok.groupby("lambda")[["norm_K", "depth_gain", "ppl_K"]].mean().sort_index()
@@ -218,4 +218,4 @@ def fig_dose(df: pd.DataFrame, path):
     fig.suptitle("Dose-response: per-loop CE + RMSNorm readout + norm penalty λ")
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    return _save(fig, Path(path))
+    return save_figure(fig, Path(path))

@@ -56,8 +56,8 @@ import numpy as np
 import pandas as pd
 
 from . import paper
-from .drift import FIT_FROM_FRACTION, PAPER_TARGETS
-from .fmt import md_table, num
+from .extrapolation import FIT_FROM_FRACTION, PAPER_TARGETS
+from .markdown import md_table, num
 from ..registry import condition
 
 LAWS = ("power", "log")
@@ -924,7 +924,7 @@ def _figure(law: DriftLaw, preds: list, ho: Optional[HeldOut], path: Path) -> No
 def train_norms_frame(runs) -> pd.DataFrame:
     """The per-run training logs every experiment's report writes (`train_norms.csv`); width,
     depth, lr, context (model.seq_len) and batch (train.batch_size) from each run's own config."""
-    from .aggregate import training_norms
+    from .groups import training_norms
     rows = []
     for r in runs:
         if not r.completed:

@@ -19,10 +19,10 @@ from matplotlib.lines import Line2D  # noqa: E402
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter  # noqa: E402
 
 from ..io import atomic_write
-from .aggregate import (Group, depth_curve, exits, final_exit, group_runs, lemma_loops, norm_histogram, norm_loops,
+from .groups import (Group, depth_curve, exits, final_exit, group_runs, lemma_loops, norm_histogram, norm_loops,
                         radial_loops, scale_sweep, stats, throughput_curve, training_norms)
 from ..registry import READOUTS, Condition, condition
-from .fmt import num
+from .markdown import num
 from .runs import Run, finite
 
 
@@ -90,7 +90,7 @@ def _legend(fig, groups: list[Group], extra: Optional[list] = None) -> None:
 NO_DATA_KEY = "loopscale-no-data"  # PNG text chunk of a figure none of whose panels has data: what is missing
 
 
-def _save(fig, path: Path) -> Path:
+def save_figure(fig, path: Path) -> Path:
     """Atomic PNG write and a PDF beside it (temp file in the same directory, then
     os.replace); no timestamps. A figure whose every panel is empty says so in its PNG's
     `NO_DATA_KEY` text chunk (`no_data`), so the report can leave it out. Returns the PNG's path."""
@@ -264,7 +264,7 @@ def fig_norm_per_loop(groups: list[Group], path: Path) -> Path:
         ax.set_xlabel("loop k")
         ax.set_ylabel("mean per-token ‖H_k‖ (L2, log scale)")
     _legend(fig, groups)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def fig_norm_training(groups: list[Group], path: Path) -> Path:
@@ -292,7 +292,7 @@ def fig_norm_training(groups: list[Group], path: Path) -> Path:
     stopped = any(training_norms(r) for g in groups for r in g.excluded)
     _legend(fig, groups, [Line2D([], [], color="0.3", marker="x", ls="", label="run diverged / failed here")]
             if stopped else None)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def fig_ppl_depth(groups: list[Group], path: Path) -> Path:
@@ -329,7 +329,7 @@ def fig_ppl_depth(groups: list[Group], path: Path) -> Path:
     extra = [Line2D([], [], color="0.3", ls=":", marker=READOUTS[r].marker, mfc="none",
                     label=f"{READOUTS[r].label}: exits k<K ({_exit_readout_label(READOUTS[r])})") for r in differ]
     _legend(fig, groups, extra or None)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _exit_readout_label(spec) -> str:
@@ -374,7 +374,7 @@ def _frontier(groups: list[Group], path: Path, ppl_curve, exits_only: bool, titl
     _legend(fig, groups, [Line2D([], [], color="0.3", marker="*", ms=11, ls="", mec="k", label="k = K_train")])
     if labels:
         _place_labels(fig, labels)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 # where a point's label may go, in points from the point: right below first, then around it
@@ -462,7 +462,7 @@ def fig_radial_vs_norm(groups: list[Group], path: Path) -> Path:
         ax.set_xlabel("‖H_K‖ (mean per-token L2, log scale)")
         ax.set_ylabel(f"radial fraction cos²(∂CE_K/∂H_K, H_K) at exit K\n(log scale, floored at {floor:.0e})")
     _legend(fig, groups, [Line2D([], [], color="0.3", ls="", marker="o", label="one point per seed")])
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def fig_norm_histogram(groups: list[Group], path: Path) -> Path:
@@ -488,7 +488,7 @@ def fig_norm_histogram(groups: list[Group], path: Path) -> Path:
         ax.set_xlabel("per-token ‖H_K‖ (L2 over channels, log scale)")
         ax.set_ylabel("fraction of validation tokens per bin")
     _legend(fig, groups, [Line2D([], [], color="0.3", label="one line per seed (log-spaced bins)")])
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def fig_lemma(groups: list[Group], path: Path) -> Path:
@@ -525,7 +525,7 @@ def fig_lemma(groups: list[Group], path: Path) -> Path:
             ax.set_xlabel("loop k (dotted: K_train)")
             _int_ticks(ax)
     _legend(fig, groups)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def fig_scale(groups: list[Group], path: Path) -> Path:
@@ -553,7 +553,7 @@ def fig_scale(groups: list[Group], path: Path) -> Path:
         ax.set_xlabel("scale factor α of H_K before the readout (log scale; dotted: α = 1)")
         ax.set_ylabel("validation CE of the final readout (nats)")
     _legend(fig, groups)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def _exit_curves(g: Group) -> tuple[list, list]:
@@ -606,12 +606,12 @@ def fig_exit_training(groups: list[Group], path: Path) -> Path:
     handles = [Line2D([], [], color=col(k), lw=1.6, label=f"exit k={k + 1}") for k in range(Kmax)]
     fig.legend(handles=handles, loc="outside upper center", ncols=Kmax, frameon=False,
                title="training CE of every exit on the training batch (seed mean; y zoomed to the last 80% of steps)")
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def fig_drift(groups: list[Group], path: Path) -> Path:
     from . import paper
-    from .drift import drift_results, paper_steps
+    from .extrapolation import drift_results, paper_steps
     fig, axes, sizes = _panels(groups, width=6.4)
     results = drift_results(groups)
     T44, T129 = paper_steps(), paper_steps(batch_size=32)
@@ -654,12 +654,12 @@ def fig_drift(groups: list[Group], path: Path) -> Path:
         Line2D([], [], color="0.3", ls=":", lw=1.3, marker="o", label="extrapolated, 95% bootstrap interval"),
         Line2D([], [], color="k", marker="*", mfc="w", ms=11, ls="",
                label="paper: per-loop CE + RMSNorm readout (44M, 129M)")])
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def fig_story(groups: list[Group], path: Path) -> Path:
     """The quadrant figure: CE gap (symlog) vs log10 ‖H_K‖, one point per run, official thresholds."""
-    from .story import GAP_USABLE, LOG10_NORM_CONTROLLED, story_point
+    from .endpoint_scale import GAP_USABLE, LOG10_NORM_CONTROLLED, story_point
     fig, axes, sizes = _panels(groups)
     for ax, size in zip(axes, sizes):
         pts = [(g, p) for g in groups if g.size == size for r in g.used if (p := story_point(r)) is not None]
@@ -680,7 +680,7 @@ def fig_story(groups: list[Group], path: Path) -> Path:
         ax.set_xlabel("early-exit failure: CE(1) − CE(K) (nats, symlog)")
         ax.set_ylabel("norm drift: log10 ‖H_K‖")
     _legend(fig, groups)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 FIGURES = {

@@ -54,5 +54,5 @@ def headline_metrics(dfs: dict) -> dict:
 
 
 def write_metrics(tables, path: Path) -> Path:
-    """Write metrics.json from the aggregate tables (aggregate.Table list)."""
+    """Write metrics.json from the aggregate tables (groups.Table list)."""
     return atomic_write_json(path, headline_metrics({t.name: t.df for t in tables}))

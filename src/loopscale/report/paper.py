@@ -21,7 +21,7 @@ PPL_129M = {
 # tokens). The paper's regex tokenizer also makes every whitespace run a token: ≈2.05 of its
 # tokens per WikiText word (measured on WikiText-103 with the paper tokenizer; `loopscale
 # data-stats` recomputes it on any prepared corpus). The drift law's extrapolation targets
-# are the paper's step counts on that token stream (report/drift.py paper_steps).
+# are the paper's step counts on that token stream (report/extrapolation.py paper_steps).
 WIKITEXT103_TRAIN_WORDS = 103_227_021
 PAPER_TOKENS_PER_WORD = 2.05
 WIKITEXT103_TRAIN_TOKENS = round(WIKITEXT103_TRAIN_WORDS * PAPER_TOKENS_PER_WORD)

@@ -6,7 +6,7 @@
     experiment whose run directories are not at hand can be rebuilt from what is committed.
 
 Both give the same numbers for the same runs: per_seed.csv is written from the run
-directories by `loopscale report tables` (report/tidy.py) with the extractors used here.
+directories by `loopscale report tables` (report/tables.py) with the extractors used here.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..registry import Condition
-from .aggregate import clamp_modes, exits, norm_final, norm_loops, radial_loops, training_norms
+from .groups import clamp_modes, exits, norm_final, norm_loops, radial_loops, training_norms
 from .runs import Run, finite
 
 CLAMP_COLUMNS = {"remove_radial": "clamp_remove_radial_delta_ce", "freeze_loop1": "clamp_freeze_loop1_delta_ce"}

@@ -35,8 +35,8 @@ from typing import Iterable, Optional
 import pandas as pd
 
 from ..registry import Condition
-from .aggregate import Group, Table, _excluded_note, _ids, _notes, exits, group_runs, radial_loops, stats
-from .fmt import EMPTY, md_table, num, pm
+from .groups import Group, Table, excluded_note, group_ids, join_notes, exits, radial_loops, stats
+from .markdown import md_table, num, pm
 from .runs import Run, finite
 
 RADIAL_FLOOR = 1e-12  # the official floor before log10
@@ -142,7 +142,7 @@ def story_table(groups: list[Group]) -> Table:
     rows, md_rows = [], []
     for g in groups:
         pts = [p for r in g.used if (p := story_point(r)) is not None]
-        row = {**_ids(g), "per_loop": per_loop(g.cond), "scale_visible": scale_visible(g.cond), "n": len(pts)}
+        row = {**group_ids(g), "per_loop": per_loop(g.cond), "scale_visible": scale_visible(g.cond), "n": len(pts)}
         cells = []
         for key in _KEYS:
             s = stats(p[key] for p in pts)
@@ -160,12 +160,12 @@ def story_table(groups: list[Group]) -> Table:
               for name, v in summ.items()]
     md += "\n" + md_table(["Runs", "n", "Pearson log r_K vs log ‖H_K‖", "Spearman", "mean CE gap: terminal / per-loop",
                            "mean log10 ‖H_K‖: scale-invariant / scale-visible"], s_rows)
-    md += _notes("\nThe paper's loss-placement × scale-visibility decomposition (official "
+    md += join_notes("\nThe paper's loss-placement × scale-visibility decomposition (official "
                  "endpoint_scale_story_metrics.py). CE gap = CE(exit 1) − CE(exit K). r_K: radial gradient fraction "
                  "at exit K (the official table's r_K), not ‖H_K‖. Scale-visible: raw or final-only readout, or a "
                  "norm penalty. Correlations: one point per run, log10 r_K floored at 1e-12; core_2x2 = terminal/"
                  "per-loop × RMSNorm/raw, controls = per-loop final-only norm and terminal norm penalty.\n",
-                 _excluded_note(groups))
+                 excluded_note(groups))
     return Table("story", "Endpoint-scale story (loss placement × scale visibility)", pd.DataFrame(rows), md)
 
 

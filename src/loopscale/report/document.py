@@ -9,12 +9,11 @@ from collections import Counter
 from pathlib import Path
 from typing import Optional
 
-import pandas as pd
 
 from . import claims as C
-from .aggregate import Table, group_runs
+from .groups import Table, group_runs
 from .figures import FIGURES
-from .fmt import md_table, num
+from .markdown import md_table
 from .runs import Run, finite
 from .tables import build_tables
 

@@ -31,8 +31,8 @@ import numpy as np
 import pandas as pd
 
 from . import paper
-from .aggregate import Group, Table, training_norms
-from .fmt import EMPTY, md_table, num
+from .groups import Group, Table, training_norms
+from .markdown import EMPTY, md_table, num
 from .runs import finite
 
 FIT_FROM_FRACTION = 0.2  # fit on the log records at step >= 0.2 × the last logged step
