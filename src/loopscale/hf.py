@@ -231,7 +231,7 @@ class LoopscaleForCausalLM(PreTrainedModel, GenerationMixin):
         return model.eval()
 
     def get_input_embeddings(self):
-        return self.lm.tok_emb if hasattr(self.lm, "tok_emb") else self.lm.model.embed_tokens
+        return self.lm.tok_emb
 
     def get_output_embeddings(self):
         return None  # tied: the head is the token embedding (LoopedLM.logits)

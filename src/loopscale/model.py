@@ -1,27 +1,37 @@
-"""The looped language model, in one file.
+"""The looped language model, in one file: one `LoopedLM` whose architecture is settings.
 
-One shared stack of pre-norm decoder blocks is applied K times. After loop k the hidden
-state H_k is both *read out* (logits_k = W_emb · r(H_k)) and *fed back* as the input of
-loop k+1. Two choices decide the paper's story:
+One shared stack of decoder blocks is applied K times. After loop k the hidden state H_k is
+both *read out* (logits_k = head(r(H_k))) and *fed back* as the input of loop k+1. Two choices
+decide the paper's story:
 
   readout r(·)   rmsnorm | layernorm  scale-invariant: r(αH) = r(H), the loss cannot see ‖H‖
                  raw                  r(H) = H: the loss sees the scale
                  final_norm           final-only norm: raw at exits 1..K-1, RMSNorm at exit K
                  alpha_readout        s_ref^(1-α)·s^α·H/s, s = RMS(H) (loopscale.readouts)
                  tapernorm            gate·RMSNorm(H) + (1-gate)·c·H·w, gate 1 -> 0 in training
+                 final_raw | final_alpha | per_loop_alpha   the Ouro track's (Appendix B)
   recurrence     residual             H_k feeds loop k+1 as is (paper default)
                  inter_loop_norm      RMSNorm(H_k) feeds loop k+1 (scale removed from the loop)
                  spectral_damping     σ(a)·H_k feeds loop k+1 (a learned scalar)
 
-An optional exit gate (model.exit_gate; the adaptive loss reads it) maps H_k to the logit
-of exiting at loop k.
+An optional exit gate (model.exit_gate; the adaptive loss reads it) maps H_k (or r(H_k)) to the
+logit of exiting at loop k. The readouts are declared in loopscale.registry.
 
-(The readouts are declared in loopscale.registry: which norm at the exits k < K, which at K.)
-Everything else follows the paper's setup: learned absolute positions added once, no
-biases, SwiGLU MLP, LM head tied to the token embedding, PyTorch default initialisation
-(so token embeddings are N(0, 1)).
+The rest of the network is an `Architecture`, a named entry of `ARCHITECTURES` (`model.arch`):
+
+  looped  the paper's setup (Section 3): learned absolute positions added once, pre-norm
+          blocks, no biases, SwiGLU MLP, LM head tied to the token embedding, dropout on the
+          embedding sum, the attention probabilities and the SwiGLU output, PyTorch default
+          initialisation (so token embeddings are N(0, 1)).
+  ouro    ByteDance's published Ouro (Appendix B): rotary positions, grouped key/value heads,
+          sandwich-norm blocks (a norm before and after attention and the MLP), RMSNorm in fp32,
+          an untied head, one step norm that is both the inter-loop norm and the readout at the
+          exits k < K, an exit gate on r(H_k) always present. Its published parameter names map
+          to ours in `to_published` / `from_published`, so its state dicts keep those names.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import torch.nn as nn
@@ -30,7 +40,68 @@ from torch.utils.checkpoint import checkpoint
 
 from .config import ModelConfig
 from .readouts import AlphaReadout, TaperNorm, drive_tapers
-from .registry import READOUTS
+from .registry import GATED_LOSSES, readout_spec
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """What distinguishes a family of looped decoders (the run settings are ModelConfig's)."""
+    name: str
+    positions: str  # "learned": a position table added to the embedding | "rope": rotary, in attention
+    sandwich: bool  # a norm after attention and after the MLP too (else pre-norm only)
+    fp32_norm: bool  # RMSNorm computed in fp32, cast back, then the gain (else nn.RMSNorm)
+    tied_head: bool  # the head is the token embedding (else a Linear of its own, lm_head)
+    shared_step_norm: bool  # the inter-loop norm is also the readout of the exits k < K
+    gate_on_readout: bool  # the exit gate reads r(H_k) at exit k, in fp32 (else H_k)
+    always_gated: bool  # the model holds an exit gate whatever model.exit_gate says
+    residual_dropout: bool  # dropout on the embedding sum and the MLP output (attention's always)
+    zero_bias_init: bool  # init=gpt2 zeroes the biases too (Hugging Face's init)
+    official_alpha: bool  # alpha readouts as the official Ouro trainer builds them (s_ref learned)
+    published_names: bool  # state dicts use the published Ouro parameter names
+
+
+ARCHITECTURES: dict[str, Architecture] = {a.name: a for a in (
+    Architecture("looped", positions="learned", sandwich=False, fp32_norm=False, tied_head=True,
+                 shared_step_norm=False, gate_on_readout=False, always_gated=False, residual_dropout=True,
+                 zero_bias_init=False, official_alpha=False, published_names=False),
+    Architecture("ouro", positions="rope", sandwich=True, fp32_norm=True, tied_head=False,
+                 shared_step_norm=True, gate_on_readout=True, always_gated=True, residual_dropout=False,
+                 zero_bias_init=True, official_alpha=True, published_names=True),
+)}
+
+
+def architecture(cfg: ModelConfig) -> Architecture:
+    return ARCHITECTURES[getattr(cfg, "arch", "looped")]
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm as Ouro computes it: in fp32, cast back to the input dtype, then the gain."""
+
+    def __init__(self, d: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+
+
+def rms_norm(cfg: ModelConfig) -> nn.Module:
+    """The architecture's RMSNorm (blocks, step norm, RMSNorm readout)."""
+    return RMSNorm(cfg.d_model, cfg.norm_eps) if architecture(cfg).fp32_norm else \
+        nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+
+
+def rope(x: torch.Tensor, start: int, theta: float) -> torch.Tensor:
+    """Rotary position embedding (the rotate-half form) of x [B, heads, T, head_dim] at
+    positions start..start+T-1; the angles are computed in fp32."""
+    T, hd = x.shape[2], x.shape[3]
+    inv_freq = 1.0 / theta ** (torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd)
+    ang = torch.arange(start, start + T, device=x.device, dtype=torch.float32)[:, None] * inv_freq
+    cos, sin = torch.cat([ang, ang], -1).cos().to(x.dtype), torch.cat([ang, ang], -1).sin().to(x.dtype)
+    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+    return x * cos + torch.cat([-x2, x1], -1) * sin
 
 
 class KVCache:
@@ -43,32 +114,47 @@ class KVCache:
         return 0 if self.k is None else self.k.shape[2]
 
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Add the new positions' k, v ([B, heads, T, head_dim]); return all of them."""
+        """Add the new positions' k, v ([B, kv heads, T, head_dim]); return all of them."""
         self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
         self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
         return self.k, self.v
 
 
 class Attention(nn.Module):
+    """Causal self-attention, q/k/v from one fused projection; n_kv_heads < n_heads groups the
+    key/value heads (each serves n_heads / n_kv_heads query heads); RoPE where the
+    architecture says so."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.n_heads = cfg.n_heads
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=False)  # fused q, k, v
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model, bias=False)
+        self.n_heads, self.n_kv = cfg.n_heads, cfg.n_kv_heads or cfg.n_heads
+        self.head_dim = cfg.d_model // cfg.n_heads
+        self.theta = cfg.rope_theta if architecture(cfg).positions == "rope" else None
+        self.sizes = [self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim]
+        self.qkv = nn.Linear(cfg.d_model, sum(self.sizes), bias=False)  # rows: q, then k, then v
+        self.proj = nn.Linear(self.n_heads * self.head_dim, cfg.d_model, bias=False)
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
-        B, T, C = x.shape
-        q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, C // self.n_heads).permute(2, 0, 3, 1, 4)
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x).split(self.sizes, dim=-1)
+        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = k.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        v = v.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
         past = 0 if cache is None else len(cache)
+        if self.theta is not None:
+            q, k = rope(q, past, self.theta), rope(k, past, self.theta)
         mask = None
         if cache is not None:  # generation: attend to the cached positions too
             k, v = cache.append(k, v)
             if past and T > 1:  # query i sits at position past + i
                 mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
+        if self.n_kv != self.n_heads:
+            k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
+            v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=past == 0,
                                            dropout_p=self.dropout if self.training else 0.0)
-        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+        return self.proj(y.transpose(1, 2).reshape(B, T, -1))
 
 
 class SwiGLU(nn.Module):
@@ -83,20 +169,28 @@ class SwiGLU(nn.Module):
 
 
 class Block(nn.Module):
+    """A pre-norm block, or a sandwich-norm one (the branch outputs normalised too)."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.norm1 = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        arch = architecture(cfg)
+        self.norm1 = rms_norm(cfg)
         self.attn = Attention(cfg)
-        self.norm2 = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        self.norm2 = rms_norm(cfg)
         self.mlp = SwiGLU(cfg)
-        self.drop = nn.Dropout(cfg.dropout)  # on the SwiGLU output only
+        self.attn_out_norm = rms_norm(cfg) if arch.sandwich else None
+        self.mlp_out_norm = rms_norm(cfg) if arch.sandwich else None
+        self.drop = nn.Dropout(cfg.dropout) if arch.residual_dropout else None  # on the SwiGLU output
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         # the paper drops at three sites: the embedding sum, the attention probabilities
         # (inside Attention) and the SwiGLU output; the attention branch's output is not dropped
-        x = x + self.attn(self.norm1(x), cache)
-        x = x + self.drop(self.mlp(self.norm2(x)))
-        return x
+        a = self.attn(self.norm1(x), cache)
+        x = x + (a if self.attn_out_norm is None else self.attn_out_norm(a))
+        m = self.mlp(self.norm2(x))
+        if self.mlp_out_norm is not None:
+            m = self.mlp_out_norm(m)
+        return x + (m if self.drop is None else self.drop(m))
 
 
 def make_norm(kind: str, cfg: ModelConfig) -> nn.Module:
@@ -104,7 +198,10 @@ def make_norm(kind: str, cfg: ModelConfig) -> nn.Module:
     if kind == "layernorm":
         return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=False)
     if kind == "rmsnorm":
-        return nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+        return rms_norm(cfg)
+    if kind == "alpha" and architecture(cfg).official_alpha:  # the official Ouro trainer's
+        return AlphaReadout(cfg.d_model, init_alpha=cfg.alpha_init, fixed_alpha=cfg.alpha_fixed, s_ref="learned",
+                            eps=cfg.norm_eps)
     if kind == "alpha":
         return AlphaReadout(cfg.d_model, init_alpha=cfg.alpha_init, fixed_alpha=cfg.alpha_fixed,
                             alpha_min=cfg.alpha_min, alpha_max=cfg.alpha_max, s_ref=cfg.alpha_s_ref,
@@ -118,37 +215,53 @@ class LoopedLM(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
+        self.arch = arch = architecture(cfg)
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model)
-        self.drop = nn.Dropout(cfg.dropout)
+        self.pos_emb = nn.Embedding(cfg.seq_len, cfg.d_model) if arch.positions == "learned" else None
+        self.drop = nn.Dropout(cfg.dropout) if arch.residual_dropout else None
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))  # the shared stack
-        # one readout norm shared by every loop (absent for the raw readout)
-        self.readout_spec = READOUTS[cfg.readout]
-        norm = self.readout_spec.norm
-        self.per_loop_readout = norm == "alpha" and cfg.alpha_per_loop  # one alpha readout per exit
+        # the readout: the norm of the exits (one shared by every loop, or one per exit), and a
+        # module of its own at exit K where its kind differs from the exits' (Ouro's final_alpha)
+        self.readout_spec = spec = readout_spec(cfg.readout)
+        exit_kind, final_kind = spec.exit_norm, spec.final_norm
+        norm = exit_kind or final_kind
+        self.per_loop_readout = getattr(spec, "per_loop", False) or (norm == "alpha" and cfg.alpha_per_loop
+                                                                     and not arch.shared_step_norm)
         self.readout_norm = None if norm is None else \
             nn.ModuleList(make_norm(norm, cfg) for _ in range(cfg.n_loops)) if self.per_loop_readout else \
             make_norm(norm, cfg)
-        self.loop_norm = nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps) if cfg.recurrence == "inter_loop_norm" else None
+        self.final_readout = make_norm(final_kind, cfg) \
+            if None not in (exit_kind, final_kind) and exit_kind != final_kind else None
+        # the recurrence (with a shared step norm, the exits' readout is the inter-loop norm)
+        self.loop_norm = rms_norm(cfg) if cfg.recurrence == "inter_loop_norm" and not arch.shared_step_norm else None
         # spectral damping: loop k+1 receives σ(damping_logit)·H_k (σ(2) ≈ 0.88 at the start)
         self.damping_logit = nn.Parameter(torch.tensor(2.0)) if cfg.recurrence == "spectral_damping" else None
-        self.exit_gate = nn.Linear(cfg.d_model, 1) if cfg.exit_gate else None  # logit of exiting at loop k
+        gated = cfg.exit_gate or arch.always_gated
+        self.exit_gate = nn.Linear(cfg.d_model, 1) if gated else None  # logit of exiting at loop k
+        self.lm_head = None if arch.tied_head else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         # opt-in activation checkpointing: keep only each block call's input for backward and
         # recompute the block there (one more stack forward; dropout masks replay exactly)
         self.checkpoint_blocks = False
         if cfg.init == "gpt2":
-            self.apply(_gpt2_init)
+            self.apply(_gpt2_init_zero_bias if arch.zero_bias_init else _gpt2_init)
+        if arch.published_names:
+            self._register_state_dict_hook(_published_state_dict)
+            self._register_load_state_dict_pre_hook(_load_published, with_module=True)
 
     # -- the loop, in parts (forward, halting and the diagnostics all use these) ----
     def embed(self, idx: torch.Tensor, start: int = 0) -> torch.Tensor:
-        """The input of loop 1: token + position embeddings (added once), dropout.
+        """The input of loop 1: the token embedding (+ the position embedding, added once, and
+        dropout, where the architecture has them; RoPE positions enter in attention).
 
         `start` is the position of idx's first token (generation with a KV cache)."""
-        T = start + idx.shape[1]
-        if T > self.cfg.seq_len:
-            raise ValueError(f"sequence length {T} exceeds the model's seq_len {self.cfg.seq_len}")
-        pos = torch.arange(start, T, device=idx.device)
-        return self.drop(self.tok_emb(idx) + self.pos_emb(pos))
+        if self.pos_emb is None:
+            x = self.tok_emb(idx)
+        else:
+            T = start + idx.shape[1]
+            if T > self.cfg.seq_len:
+                raise ValueError(f"sequence length {T} exceeds the model's seq_len {self.cfg.seq_len}")
+            x = self.tok_emb(idx) + self.pos_emb(torch.arange(start, T, device=idx.device))
+        return x if self.drop is None else self.drop(x)
 
     def loop(self, x: torch.Tensor, caches: list[KVCache] | None = None) -> torch.Tensor:
         """One loop: the shared stack applied once. Returns H_k, before any normalisation.
@@ -164,8 +277,10 @@ class LoopedLM(nn.Module):
         return x
 
     def feed(self, h: torch.Tensor, k: int | None = None) -> torch.Tensor:
-        """The recurrence: what loop k+1 receives from H_k (`k`: unused here; per-step readouts
-        of other architectures need it)."""
+        """The recurrence: what loop k+1 receives from H_k (`k`: the loop, needed where each
+        loop has its own step norm)."""
+        if self.arch.shared_step_norm and self.cfg.recurrence == "inter_loop_norm":
+            return self.readout(h, final=False, k=k)  # the step norm, also the exits' readout
         if self.loop_norm is not None:  # inter-loop norm: the scale leaves the loop
             return self.loop_norm(h)
         if self.damping_logit is not None:  # spectral damping: a learned contraction
@@ -185,43 +300,64 @@ class LoopedLM(nn.Module):
             if state_fn is not None:
                 h = state_fn(k, x, h)             # inference-time interventions (diagnostics)
             states.append(h)                      # H_k: read out from here
-            x = self.feed(h)
+            x = self.feed(h, k)
         return states
 
     # -- the readout -----------------------------------------------------------
     def readout(self, h: torch.Tensor, final: bool = True, k: int | None = None) -> torch.Tensor:
-        """r(H): the normalised (or raw) state that the tied head reads.
+        """r(H): the normalised (or raw) state that the head reads.
 
         `final` marks the last exit of the pass (the final-only norm reads the others raw);
         `k` (the exit's loop, 1-based) picks that exit's readout where each exit has its own
-        (alpha_per_loop; exits past K use exit K's). Such a model needs `k` at exits k < K."""
-        norm = self.readout_spec.final_norm if final else self.readout_spec.exit_norm
-        if norm is None:
+        (exits past K use exit K's). Such a model needs `k` at exits k < K."""
+        spec = self.readout_spec
+        if (spec.final_norm if final else spec.exit_norm) is None:
             return h
+        if final and self.final_readout is not None:
+            return self.final_readout(h)
         if not self.per_loop_readout:
             return self.readout_norm(h)
+        if final and (k is None or getattr(spec, "per_loop", False)):
+            k = self.cfg.n_loops  # Ouro's per-step readouts: the last one at the last step, whatever K'
         if k is None:
-            if not final:
-                raise ValueError("this model has one readout per exit (alpha_per_loop): give the exit's k")
-            k = self.cfg.n_loops
+            raise ValueError(f"this model has one readout per exit ({self.cfg.readout}): it needs the step k "
+                             f"(give the exit's k)")
         return self.readout_norm[min(k, self.cfg.n_loops) - 1](h)
 
     def logits(self, h: torch.Tensor, final: bool = True, k: int | None = None) -> torch.Tensor:
-        return F.linear(self.readout(h, final, k), self.tok_emb.weight)  # tied LM head
+        return F.linear(self.readout(h, final, k), self.head_weight)
 
     # -- the exit gate (adaptive loss) ---------------------------------------
-    def gate_logits(self, h: torch.Tensor) -> torch.Tensor:
+    def gate_logits(self, h: torch.Tensor, k: int | None = None) -> torch.Tensor:
         """The exit gate's logit at every position of H_k: [B, T]."""
         if self.exit_gate is None:
             raise ValueError("this model has no exit gate (model.exit_gate)")
+        if self.arch.gate_on_readout:
+            return self.exit_gate(self.readout(h, False, k)).squeeze(-1).float()
         return self.exit_gate(h).squeeze(-1)
 
     def exit_pdf(self, states: list[torch.Tensor]) -> torch.Tensor:
         """The exit distribution [K, B, T] of a pass: p_k = λ_k·Π_{j<k}(1-λ_j), λ_k =
         σ(gate(H_k)); the last loop takes the mass left (a survival chain)."""
-        return exit_distribution(torch.stack([self.gate_logits(h) for h in states]))
+        return exit_distribution(torch.stack([self.gate_logits(h, k) for k, h in enumerate(states, start=1)]))
 
-    # -- the training schedule -------------------------------------------------
+    def exit_distribution(self, states: list[torch.Tensor]) -> torch.Tensor:
+        """`exit_pdf` with the loops last, [B, T, K]."""
+        return self.exit_pdf(states).movedim(0, -1)
+
+    # -- training ---------------------------------------------------------------
+    def set_objective(self, objective) -> None:
+        """Training calls this before wrapping the model for data parallelism: the exit gate
+        of an architecture that always has one (Ouro) is trained only under a loss that reads
+        it (registry.GATED_LOSSES); otherwise its
+        weights become constants (buffers, saved under the same names), as DDP refuses
+        parameters that get no gradient."""
+        if self.exit_gate is None or not self.arch.always_gated or getattr(objective, "loss", None) in GATED_LOSSES:
+            return
+        for name, p in list(self.exit_gate.named_parameters(recurse=False)):
+            delattr(self.exit_gate, name)
+            self.exit_gate.register_buffer(name, p.detach())
+
     def schedule(self, step: int, total_steps: int) -> None:
         """Settings that follow the training step (TaperNorm's gate); the trainer calls it
         before every step and before validation. A no-op for the other models."""
@@ -229,17 +365,31 @@ class LoopedLM(nn.Module):
 
     @property
     def head_weight(self) -> torch.Tensor:
-        return self.tok_emb.weight
+        return self.tok_emb.weight if self.lm_head is None else self.lm_head.weight
+
+    @property
+    def model(self) -> "_PublishedView":
+        """The published Ouro module names (model.embed_tokens, model.layers, model.norm,
+        model.early_exit_gate, model.alpha_readout(s)) as a view of this model's modules."""
+        return _PublishedView(self)
 
     def num_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())
+        """Every weight, the exit gate's included where set_objective made it constant."""
+        gate = [] if self.exit_gate is None else [b for n, b in self.exit_gate.named_buffers() if n in ("weight", "bias")]
+        return sum(p.numel() for p in self.parameters()) + sum(b.numel() for b in gate)
 
 
-def build_model(cfg: ModelConfig) -> nn.Module:
-    """The model of `model.arch`: LoopedLM, or the Ouro architecture (loopscale.ouro.OuroLM)."""
-    if getattr(cfg, "arch", "looped") == "ouro":
-        from .ouro import OuroLM
-        return OuroLM(cfg)
+class _PublishedView:
+    def __init__(self, m: LoopedLM):
+        shared = m.readout_norm if not m.per_loop_readout else None
+        self.embed_tokens, self.layers, self.early_exit_gate = m.tok_emb, m.blocks, m.exit_gate
+        self.norm = shared if m.arch.shared_step_norm else m.loop_norm
+        self.alpha_readout = m.final_readout
+        self.alpha_readouts = m.readout_norm if m.per_loop_readout else None
+
+
+def build_model(cfg: ModelConfig) -> LoopedLM:
+    """The model of a config: LoopedLM, whatever `model.arch` (an entry of ARCHITECTURES)."""
     return LoopedLM(cfg)
 
 
@@ -256,6 +406,104 @@ def _gpt2_init(m: nn.Module) -> None:
         nn.init.normal_(m.weight, mean=0.0, std=0.02)
 
 
+def _gpt2_init_zero_bias(m: nn.Module) -> None:  # Hugging Face's init of Ouro
+    _gpt2_init(m)
+    if isinstance(m, nn.Linear) and m.bias is not None:
+        nn.init.zeros_(m.bias)
+
+
+# ---------------------------------------------------------------------------
+# published parameter names (the Ouro architecture) <-> ours, in one place
+# ---------------------------------------------------------------------------
+# ours -> published, by prefix (the block's, after "blocks.<i>." / "model.layers.<i>.")
+_PUBLISHED_BLOCK = {"norm1.": "input_layernorm.", "attn_out_norm.": "input_layernorm_2.",
+                    "norm2.": "post_attention_layernorm.", "mlp_out_norm.": "post_attention_layernorm_2.",
+                    "attn.proj.": "self_attn.o_proj.", "mlp.down.": "mlp.down_proj."}
+_PUBLISHED_FUSED = {"attn.qkv.weight": ("self_attn.q_proj.weight", "self_attn.k_proj.weight",
+                                        "self_attn.v_proj.weight"),
+                    "mlp.gate_up.weight": ("mlp.gate_proj.weight", "mlp.up_proj.weight")}
+_PUBLISHED_TOP = {"tok_emb.": "model.embed_tokens.", "final_readout.": "model.alpha_readout.",
+                  "exit_gate.": "model.early_exit_gate.", "lm_head.": "lm_head."}
+
+
+def _split_sizes(name: str, t: torch.Tensor, cfg: ModelConfig) -> list[int]:
+    if name == "attn.qkv.weight":
+        hd = cfg.d_model // cfg.n_heads
+        return [cfg.n_heads * hd, (cfg.n_kv_heads or cfg.n_heads) * hd, (cfg.n_kv_heads or cfg.n_heads) * hd]
+    return [t.shape[0] // 2, t.shape[0] // 2]
+
+
+def to_published(state: dict, cfg: ModelConfig) -> dict:
+    """A state dict in our names -> the published Ouro names (fused projections split)."""
+    out = {}
+    for k, v in state.items():
+        if k.startswith("blocks."):
+            i, rest = k[len("blocks."):].split(".", 1)
+            p = f"model.layers.{i}."
+            if rest in _PUBLISHED_FUSED:
+                pieces = v.split(_split_sizes(rest, v, cfg))  # cloned: no two tensors share memory
+                out.update(zip((p + n for n in _PUBLISHED_FUSED[rest]), (t.clone() for t in pieces)))
+                continue
+            old = next(o for o in _PUBLISHED_BLOCK if rest.startswith(o))
+            out[p + _PUBLISHED_BLOCK[old] + rest[len(old):]] = v
+        elif k.startswith("readout_norm."):  # one step norm, or one alpha readout per step
+            rest = k[len("readout_norm."):]
+            out[("model.alpha_readouts." if rest[0].isdigit() else "model.norm.") + rest] = v
+        else:
+            old = next((o for o in _PUBLISHED_TOP if k.startswith(o)), None)
+            if old is None:
+                raise KeyError(f"{k} has no published name")
+            out[_PUBLISHED_TOP[old] + k[len(old):]] = v
+    return out
+
+
+def from_published(state: dict, cfg: ModelConfig) -> dict:
+    """A state dict in the published Ouro names -> ours (fused projections concatenated);
+    names it does not know are kept, for the strict load to report."""
+    out, parts = {}, {}
+    inverse_block = {v: k for k, v in _PUBLISHED_BLOCK.items()}
+    inverse_fused = {n: (ours, j) for ours, names in _PUBLISHED_FUSED.items() for j, n in enumerate(names)}
+    inverse_top = {v: k for k, v in _PUBLISHED_TOP.items()}
+    for k, v in state.items():
+        if k.startswith("model.layers.") and k.count(".") >= 3:
+            i, rest = k[len("model.layers."):].split(".", 1)
+            if rest in inverse_fused:
+                ours, j = inverse_fused[rest]
+                parts.setdefault(f"blocks.{i}.{ours}", {})[j] = (k, v)
+                continue
+            old = next((o for o in inverse_block if rest.startswith(o)), None)
+            out[f"blocks.{i}." + inverse_block[old] + rest[len(old):] if old else k] = v
+        elif k.startswith("model.norm."):
+            out["readout_norm." + k[len("model.norm."):]] = v
+        elif k.startswith("model.alpha_readouts."):
+            out["readout_norm." + k[len("model.alpha_readouts."):]] = v
+        else:
+            old = next((o for o in inverse_top if k.startswith(o)), None)
+            out[inverse_top[old] + k[len(old):] if old else k] = v
+    for ours, got in parts.items():
+        n = len(_PUBLISHED_FUSED[ours.split(".", 2)[2]])
+        if len(got) == n:
+            out[ours] = torch.cat([got[j][1] for j in range(n)])
+        else:  # a projection missing: keep what there is under its own name (a strict load reports it)
+            out.update({name: t for name, t in got.values()})
+    return out
+
+
+def _published_state_dict(module: LoopedLM, state: dict, prefix: str, local_metadata) -> dict:
+    ours = {k[len(prefix):]: state.pop(k) for k in [k for k in state if k.startswith(prefix)]}
+    state.update({prefix + k: v for k, v in to_published(ours, module.cfg).items()})
+    return state
+
+
+def _load_published(module: LoopedLM, state: dict, prefix: str, local_metadata, strict, missing, unexpected,
+                    errors) -> None:
+    mine = {k[len(prefix):]: state.pop(k) for k in [k for k in state if k.startswith(prefix)]}
+    state.update({prefix + k: v for k, v in from_published(mine, module.cfg).items()})
+
+
+# ---------------------------------------------------------------------------
+# sizes and cost
+# ---------------------------------------------------------------------------
 def flops_per_token(cfg: ModelConfig, n_loops: int | None = None, n_readouts: int | None = None,
                     seq_len: int | None = None) -> int:
     """Forward matmul FLOPs per token (2 per multiply-add): the stack counted once per loop,

@@ -28,9 +28,12 @@ The official wrappers pick the "last" step by counting calls modulo the training
 evaluation depth K' != K the raw/alpha readout falls on step K (and 2K, ...), not on K'. Here
 the last step of the pass is always step K' ("final" is an argument, not a counter).
 
-Module names follow the published parameter names (`model.layers.0.self_attn.q_proj.weight`,
-`model.norm.weight`, `model.early_exit_gate.bias`, `lm_head.weight`, ...), so a Hugging Face
-Ouro checkpoint loads by name (`from_pretrained`), without remote code.
+The network is loopscale's one looped model, `loopscale.model.LoopedLM` with model.arch=ouro
+(the `ouro` entry of `loopscale.model.ARCHITECTURES`); its state dicts carry the published
+parameter names (`model.layers.0.self_attn.q_proj.weight`, `model.norm.weight`,
+`model.early_exit_gate.bias`, `lm_head.weight`, ...; `loopscale.model.to_published`), so a
+Hugging Face Ouro checkpoint loads by name (`from_pretrained`), without remote code. This
+module holds the Hugging Face I/O and the evaluations of the Ouro track.
 """
 from __future__ import annotations
 
@@ -40,232 +43,16 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from .config import LIMITS, ConfigError, ModelConfig, RunConfig, preset_dict
 from .io import CheckpointError
+from .model import LoopedLM
+from .model import count_params as model_count_params
 from .runfiles import FLOAT_DTYPES, INT_DTYPES, read_json, read_safetensors_header
-from .readouts import AlphaReadout
-from .registry import GATED_LOSSES, readout_spec
 
 
-class RMSNorm(nn.Module):
-    """RMSNorm as Ouro computes it: in fp32, cast back to the input dtype, then the gain."""
-
-    def __init__(self, d: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        return self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-
-
-def rope(x: torch.Tensor, start: int, theta: float) -> torch.Tensor:
-    """Rotary position embedding (the rotate-half form) of x [B, heads, T, head_dim] at
-    positions start..start+T-1; the angles are computed in fp32."""
-    T, hd = x.shape[2], x.shape[3]
-    inv_freq = 1.0 / theta ** (torch.arange(0, hd, 2, device=x.device, dtype=torch.float32) / hd)
-    ang = torch.arange(start, start + T, device=x.device, dtype=torch.float32)[:, None] * inv_freq
-    cos, sin = torch.cat([ang, ang], -1).cos().to(x.dtype), torch.cat([ang, ang], -1).sin().to(x.dtype)
-    x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
-    return x * cos + torch.cat([-x2, x1], -1) * sin
-
-
-class OuroAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.n_heads, self.n_kv = cfg.n_heads, cfg.n_kv_heads or cfg.n_heads
-        self.head_dim, self.theta, self.dropout = cfg.d_model // cfg.n_heads, cfg.rope_theta, cfg.dropout
-        self.q_proj = nn.Linear(cfg.d_model, self.n_heads * self.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.d_model, self.n_kv * self.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.d_model, self.n_kv * self.head_dim, bias=False)
-        self.o_proj = nn.Linear(self.n_heads * self.head_dim, cfg.d_model, bias=False)
-
-    def forward(self, x: torch.Tensor, cache=None) -> torch.Tensor:  # cache: a loopscale.model.KVCache
-        B, T, _ = x.shape
-        past = 0 if cache is None else len(cache)
-        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
-        q, k = rope(q, past, self.theta), rope(k, past, self.theta)
-        mask = None
-        if cache is not None:
-            k, v = cache.append(k, v)
-            if past and T > 1:
-                mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
-        if self.n_kv != self.n_heads:  # each key/value head serves n_heads / n_kv query heads
-            k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
-            v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=past == 0,
-                                           dropout_p=self.dropout if self.training else 0.0)
-        return self.o_proj(y.transpose(1, 2).reshape(B, T, -1))
-
-
-class OuroMLP(nn.Module):
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.gate_proj = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
-        self.up_proj = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
-        self.down_proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
-class OuroDecoderLayer(nn.Module):
-    """The sandwich-norm block: a norm before and after attention, and before and after the MLP."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.self_attn = OuroAttention(cfg)
-        self.mlp = OuroMLP(cfg)
-        self.input_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.input_layernorm_2 = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.post_attention_layernorm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.post_attention_layernorm_2 = RMSNorm(cfg.d_model, cfg.norm_eps)
-
-    def forward(self, x: torch.Tensor, cache=None) -> torch.Tensor:
-        x = x + self.input_layernorm_2(self.self_attn(self.input_layernorm(x), cache))
-        return x + self.post_attention_layernorm_2(self.mlp(self.post_attention_layernorm(x)))
-
-
-class OuroBackbone(nn.Module):
-    """`model.*` of the published checkpoint: embedding, layers, step norm, exit gate (and the
-    alpha readouts of the Ouro track's variants, which the published model lacks)."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.layers = nn.ModuleList(OuroDecoderLayer(cfg) for _ in range(cfg.n_layers))
-        spec = readout_spec(cfg.readout)
-        alpha = dict(init_alpha=cfg.alpha_init, fixed_alpha=cfg.alpha_fixed, s_ref="learned", eps=cfg.norm_eps)
-        self.norm = None if getattr(spec, "per_loop", False) else RMSNorm(cfg.d_model, cfg.norm_eps)
-        if cfg.readout == "final_alpha":
-            self.alpha_readout = AlphaReadout(cfg.d_model, **alpha)
-        if cfg.readout == "per_loop_alpha":
-            self.alpha_readouts = nn.ModuleList(AlphaReadout(cfg.d_model, **alpha) for _ in range(cfg.n_loops))
-        self.early_exit_gate = nn.Linear(cfg.d_model, 1)
-
-
-class OuroLM(nn.Module):
-    """Ouro with loopscale's loop interface (`embed` / `loop` / `feed` / `readout` / `logits`),
-    so training, the diagnostics, halting and generation drive it as they drive LoopedLM."""
-
-    def __init__(self, cfg: ModelConfig):
-        super().__init__()
-        if cfg.arch != "ouro":
-            raise ConfigError(f"OuroLM needs model.arch=ouro, got {cfg.arch!r}")
-        self.cfg = cfg
-        self.readout_spec = readout_spec(cfg.readout)
-        self.model = OuroBackbone(cfg)
-        self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)  # untied
-        self.checkpoint_blocks = False
-        if cfg.init == "gpt2":  # Hugging Face's init of Ouro: N(0, 0.02) weights, zero biases
-            self.apply(_init_weights)
-
-    @property
-    def blocks(self) -> nn.ModuleList:
-        return self.model.layers
-
-    @property
-    def head_weight(self) -> torch.Tensor:
-        return self.lm_head.weight
-
-    def num_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
-    # -- the loop -------------------------------------------------------------------------
-    def embed(self, idx: torch.Tensor, start: int = 0) -> torch.Tensor:
-        """The input of step 1: the token embedding (positions enter through RoPE)."""
-        return self.model.embed_tokens(idx)
-
-    def loop(self, x: torch.Tensor, caches: Optional[list] = None) -> torch.Tensor:
-        """One recurrent step: the shared layers once. Returns H_k before any norm.
-
-        `caches` (generation): this step's loopscale.model.KVCache of every layer, extended in place."""
-        for i, layer in enumerate(self.model.layers):
-            if caches is not None:
-                x = layer(x, caches[i])
-            elif self.checkpoint_blocks and torch.is_grad_enabled():
-                x = checkpoint(layer, x, use_reentrant=False)
-            else:
-                x = layer(x)
-        return x
-
-    def _step_norm(self, h: torch.Tensor, k: Optional[int]) -> torch.Tensor:
-        """The norm of a step k < K: model.norm, or step k's own alpha readout (per-loop)."""
-        if self.model.norm is not None:
-            return self.model.norm(h)
-        if k is None:
-            raise ValueError("the per_loop_alpha readout needs the step k (model.feed(h, k=...))")
-        return self.model.alpha_readouts[min(k, self.cfg.n_loops) - 1](h)
-
-    def feed(self, h: torch.Tensor, k: Optional[int] = None) -> torch.Tensor:
-        """What step k+1 receives from H_k: the step norm (Ouro always normalises between steps)."""
-        return self._step_norm(h, k)
-
-    def readout(self, h: torch.Tensor, final: bool = True, k: Optional[int] = None) -> torch.Tensor:
-        """r(H_k): what the head reads; `final` marks the last step of the pass."""
-        name = self.cfg.readout
-        if not final or name == "rmsnorm":
-            return self._step_norm(h, k)
-        if name == "final_raw":
-            return h
-        if name == "final_alpha":
-            return self.model.alpha_readout(h)
-        return self.model.alpha_readouts[-1](h)  # per_loop_alpha: the last step's readout
-
-    def logits(self, h: torch.Tensor, final: bool = True, k: Optional[int] = None) -> torch.Tensor:
-        return self.lm_head(self.readout(h, final, k))
-
-    def forward(self, idx: torch.Tensor, n_loops: int | None = None, state_fn=None) -> list[torch.Tensor]:
-        """[H_1, ..., H_n] of `n_loops` steps (default K), each before any norm; `state_fn(k, x_in, h)`
-        (diagnostics) may replace step k's output."""
-        n_loops = self.cfg.n_loops if n_loops is None else n_loops
-        x = self.embed(idx)
-        states = []
-        for k in range(1, n_loops + 1):
-            h = self.loop(x)
-            if state_fn is not None:
-                h = state_fn(k, x, h)
-            states.append(h)
-            x = self.feed(h, k)
-        return states
-
-    def set_objective(self, objective) -> None:
-        """Training calls this before wrapping the model for data parallelism: the exit gate
-        learns only under a loss that reads it (registry.GATED_LOSSES: adaptive); otherwise it
-        is frozen, as DDP refuses parameters that get no gradient."""
-        self.model.early_exit_gate.requires_grad_(getattr(objective, "loss", None) in GATED_LOSSES)
-
-    def schedule(self, step: int, total_steps: int) -> None:
-        """Settings that follow the training step: none in Ouro (the trainer's hook)."""
-
-    # -- the exit gate ----------------------------------------------------------------------
-    def exit_distribution(self, states: list[torch.Tensor]) -> torch.Tensor:
-        """p(exit at step k) per token, [..., K]: hazards λ_k = σ(gate(r(H_k))) for k < K,
-        p_k = λ_k Π_{j<k}(1 − λ_j), and the last step takes the remaining mass (computed in fp32)."""
-        K = len(states)
-        remaining = torch.ones(states[0].shape[:-1], dtype=torch.float32, device=states[0].device)
-        pdf = []
-        for k, h in enumerate(states, start=1):
-            if k == K:
-                pdf.append(remaining)
-                break
-            lam = torch.sigmoid(self.model.early_exit_gate(self.readout(h, False, k)).squeeze(-1).float())
-            pdf.append(lam * remaining)
-            remaining = remaining * (1.0 - lam)
-        return torch.stack(pdf, dim=-1)
-
-
-    def exit_pdf(self, states: list[torch.Tensor]) -> torch.Tensor:
-        """`exit_distribution` with the steps first, [K, ...] (the layout of an adaptive loss
-        that weighs each exit's per-token CE by p_k)."""
-        return self.exit_distribution(states).movedim(-1, 0)
+OuroLM = LoopedLM  # the Ouro network is the one looped model (model.arch=ouro); the name stays for callers
 
 
 def exit_loss(ce: torch.Tensor, pdf: torch.Tensor, beta: float) -> torch.Tensor:
@@ -273,13 +60,6 @@ def exit_loss(ce: torch.Tensor, pdf: torch.Tensor, beta: float) -> torch.Tensor:
     Σ_k p_k·CE_k − β·H(p), H(p) = −Σ_k p_k log p_k. `ce` and `pdf` are [..., K]."""
     ent = -(pdf * pdf.clamp_min(1e-12).log()).sum(-1)
     return ((pdf * ce).sum(-1) - beta * ent).mean()
-
-
-def _init_weights(m: nn.Module) -> None:
-    if isinstance(m, (nn.Linear, nn.Embedding)):
-        nn.init.normal_(m.weight, mean=0.0, std=0.02)
-        if isinstance(m, nn.Linear) and m.bias is not None:
-            nn.init.zeros_(m.bias)
 
 
 # ---------------------------------------------------------------------------
@@ -558,18 +338,7 @@ def save_pretrained(model: OuroLM, path: str | Path, shard_tensors: int = 0) -> 
 
 
 def count_params(cfg: ModelConfig) -> int:
-    with torch.device("meta"):
-        return OuroLM(cfg).num_params()
-
-
-def flops_per_token(cfg: ModelConfig, n_loops: Optional[int] = None, seq_len: Optional[int] = None) -> int:
-    """Forward matmul FLOPs per token (2 per multiply-add): the layers once per step, the
-    untied head once (the published model reads only the last step), causal attention."""
-    K = cfg.n_loops if n_loops is None else n_loops
-    T = cfg.seq_len if seq_len is None else seq_len
-    d, f, kv = cfg.d_model, cfg.d_ff, (cfg.n_kv_heads or cfg.n_heads) * (cfg.d_model // cfg.n_heads)
-    per_layer = 2 * (2 * d * d + 2 * d * kv + 3 * d * f) + 2 * 2 * T * d / 2
-    return int(K * cfg.n_layers * per_layer + 2 * d * cfg.vocab_size)
+    return model_count_params(cfg)
 
 
 # ---------------------------------------------------------------------------
