@@ -21,7 +21,7 @@
 # on SIGTERM, and `--rerun-incomplete` resumes it. Snakemake interrupted alone (Ctrl-C or
 # SIGINT to its pid) waits for the running job, then records it incomplete; the finished run
 # keeps second names of model.pt and summary.json, so the rerun puts it back instead of
-# retraining it (loopscale.train._KEPT).
+# retraining it (loopscale.rundir.KEPT).
 #
 # Time limits and preemption: a SIGTERM (SLURM sends one before the time limit) saves
 # state.pt and exits 143, a failed job; Snakemake retries it (`--retries`, set by the
