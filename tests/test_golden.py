@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -85,8 +86,22 @@ def same(got, want, where: str = "") -> None:
             assert math.isnan(got), f"{where}: {got!r}, want nan"
         else:
             assert got == pytest.approx(want, rel=RTOL, abs=ATOL), f"{where}: {got!r}, want {want!r}"
+    elif isinstance(want, str) and isinstance(got, str) and got != want:
+        same_text(got, want, where)
     else:  # int, str, bool, None: exact
         assert type(got) is type(want) and got == want, f"{where}: {got!r}, want {want!r}"
+
+
+NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)")  # a number in scientific notation
+
+
+def same_text(got: str, want: str, where: str) -> None:
+    """Two table cells that print numbers in scientific notation: the words exact, each number to
+    RTOL/ATOL (a float64 rounding residue such as 5.8e-14 vs 6.0e-14 is the same zero)."""
+    g_nums, w_nums = NUMBER.findall(got), NUMBER.findall(want)
+    assert NUMBER.split(got) == NUMBER.split(want) and len(g_nums) == len(w_nums), f"{where}: {got!r}, want {want!r}"
+    for g, w in zip(g_nums, w_nums):
+        assert float(g) == pytest.approx(float(w), rel=RTOL, abs=ATOL), f"{where}: {got!r}, want {want!r}"
 
 
 def same_logits(got: dict, want: dict, where: str) -> None:
@@ -120,6 +135,11 @@ def test_the_comparison_catches_a_changed_number():
         same_logits(flipped, rec, "flipped")
     with pytest.raises(AssertionError, match="keys differ"):
         same({"a": 1.0, "b": 2}, {"a": 1.0}, "extra")
+    same("max 6.0e-14 (1 condition(s)); mean 1.9e-01", "max 5.8e-14 (1 condition(s)); mean 1.9e-01", "residue")
+    with pytest.raises(AssertionError, match="text"):
+        same("max 6.0e-14; mean 2.0e-01", "max 6.0e-14; mean 1.9e-01", "text")
+    with pytest.raises(AssertionError, match="words"):
+        same("min 6.0e-14", "max 6.0e-14", "words")
 
 
 # ---------------------------------------------------------------------------

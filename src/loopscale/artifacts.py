@@ -40,6 +40,7 @@ from safetensors import safe_open
 from safetensors.torch import save as st_save
 from tokenizers import Tokenizer
 
+from . import ouro  # top level, so a run's bundled remote code (remote.py) carries it
 from .config import LIMITS as SIZE_LIMITS
 from .config import ModelConfig, RunConfig
 from .io import CheckpointError, atomic_write_bytes, atomic_write_json, atomic_write_text, weights_sha256
@@ -388,7 +389,6 @@ def load(run_dir: str | Path, device: str | torch.device = "cpu") -> tuple[Loope
     if not run.is_dir():
         raise FileNotFoundError(f"run directory {run} not found")
     weights = run / WEIGHTS
-    from . import ouro
     if ouro.is_hf_checkpoint(run):  # a published Hugging Face Ouro checkpoint (ByteDance/Ouro-1.4B, ...)
         model, cfg = ouro.from_pretrained(run, device=device)
         tok_path = run / "tokenizer.json"
