@@ -126,7 +126,7 @@ def test_export_upgrades_an_older_layout_run(run, tmp_path):
 
 def test_readers_of_the_run_record_find_it_in_loopscale_json(run):
     """report and the eval data check read loopscale.json (config.json is the Hugging Face config)."""
-    from loopscale.report.cli import find_run_dirs
+    from loopscale.report.runs import find_run_dirs
     from loopscale.report.runs import load_run
     r = load_run(run)
     assert r.status == "completed" and r.config["model"]["readout"] == "final_norm"

@@ -18,7 +18,7 @@ from loopscale.report import claims as C
 from loopscale.report.groups import group_runs, write_tables
 from loopscale.report.tables import build_tables
 from loopscale.report.claims import CondStats
-from loopscale.report.cli import find_run_dirs
+from loopscale.report.runs import find_run_dirs
 from loopscale.report.figures import FIGURES, write_figures
 from loopscale.registry import condition
 from loopscale.report.runs import load_run, load_runs

@@ -14,7 +14,7 @@ from loopscale.cli import main
 from loopscale.config import preset
 from loopscale.registry import condition
 from loopscale.report.groups import group_runs
-from loopscale.report.cli import find_run_dirs
+from loopscale.report.runs import find_run_dirs
 from loopscale.report.runs import load_runs
 from loopscale.report.endpoint_scale import (per_loop, ranks, scale_visible, spearman, story_point, story_points,
                                     story_summary, story_table)

@@ -476,20 +476,3 @@ def load_tokenizer(run: Path, recorded: list[tuple[Optional[str], Path]]) -> Tok
             raise CheckpointError(f"{path} is not the tokenizer this run was trained with (sha256 differs from "
                                   f"the data.tokenizer_sha256 {where} recorded); copy back the run's own")
     return parse_tokenizer(text, path)
-
-
-# ---------------------------------------------------------------------------
-# command line
-# ---------------------------------------------------------------------------
-def cmd_export(args) -> int:
-    files = export_run(args.run, args.data)
-    print(f"wrote {', '.join(files)} in {args.run}")
-    return 0
-
-
-def add_cli(subparsers) -> None:
-    p = subparsers.add_parser("export", help="write a trained run's model.safetensors, Hugging Face config "
-                                             "and tokenizer files")
-    p.add_argument("run", help="run directory (with model.pt)")
-    p.add_argument("--data", help="the run's data directory (for tokenizer.json); default: the run's own copy")
-    p.set_defaults(func=cmd_export)

@@ -535,25 +535,3 @@ def convert_paper(checkpoint: str | Path, out_dir: str | Path, tokenizer_file: O
                      "tokenizer_sha256": hashlib.sha256(tok_json).hexdigest()},
             "converted_from": record}, tok_json)
     return record
-
-
-def cmd_convert_paper(args) -> int:
-    rec = convert_paper(args.checkpoint, args.out, args.tokenizer, args.overrides, args.trust_pickle, args.force)
-    m, o = rec["settings"]["model"], rec["settings"]["objective"]
-    print(f"converted {args.checkpoint} -> {args.out} (readout {m['readout']}, recurrence {m['recurrence']}, "
-          f"loss {o['loss']}, regularizer {o.get('regularizer', 'none')}; dropped: {', '.join(rec['dropped']) or 'nothing'})")
-    return 0
-
-
-def add_cli(subparsers) -> None:
-    p = subparsers.add_parser("convert-paper", help="convert a checkpoint of the paper's official training script "
-                                                   "(last.pt) into a loopscale run directory")
-    p.add_argument("checkpoint", help="the official trainer's last.pt (keys model_state, config, tokenizer)")
-    p.add_argument("--out", required=True, help="run directory to write (refused if it holds a run, unless --force)")
-    p.add_argument("--force", action="store_true", help="replace the run in --out (every file of it)")
-    p.add_argument("--tokenizer", help="tokenizers JSON file (default: the checkpoint's own tokenizer)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="model.KEY=VALUE",
-                   help="override a converted model setting, e.g. --set model.dropout=0 (repeatable)")
-    p.add_argument("--trust-pickle", action="store_true",
-                   help="load a checkpoint holding Python objects (unsafe: only for files you trust)")
-    p.set_defaults(func=cmd_convert_paper)

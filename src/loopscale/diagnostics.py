@@ -17,7 +17,7 @@ file (atomically). Sizes come from the run's stored `eval` config, overridable p
   scale       CE/PPL of the final readout of α·H_K for α = 0.1 … 10 (scale sensitivity)
   halting     calibrated post-hoc exit policies and the real dynamic-depth speed-up (halting.py)
 
-Command line: `loopscale eval <diagnostic> --model RUN/model.pt --data DATA --out FILE.json`
+Command line (loopscale.cli.eval): `loopscale eval <diagnostic> --model RUN/model.pt --data DATA --out FILE.json`
 (and `loopscale eval all ... --outdir DIR [--only D1,D2]`, the model loaded once: the
 pipeline's one evaluation job per run). A run whose RUN/summary.json says training failed
 gets status "failed" results, a diverged model "diverged" ones, without evaluating.
@@ -36,7 +36,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import data as D
-from .config import ConfigError, EvalConfig, load_eval_config
+from .config import ConfigError, EvalConfig
 from .evaluate import EvalRun, batches, depth_ce, exit_losses, header, open_run, windows
 from .halting import halting
 from .io import atomic_write_json
@@ -480,74 +480,3 @@ def run_all(model_path, data_dir, outdir, overrides: Optional[list[str]] = None,
         if outs.get(name) is not None:
             atomic_write_json(outs[name], results[name])
     return results
-
-
-# ---------------------------------------------------------------------------
-# command line
-# ---------------------------------------------------------------------------
-def _common(p) -> None:
-    p.add_argument("--model", required=True, help="trained model file (RUN/model.pt)")
-    p.add_argument("--data", required=True, help="the run's prepared data directory")
-    p.add_argument("--eval-config", default=None, metavar="FILE",
-                   help="evaluation settings (YAML mapping of eval keys, e.g. RUN/eval.yaml); default: the defaults")
-    p.add_argument("--preset", default=None, help="start from this preset's evaluation settings (e.g. cpu, smoke)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="eval.KEY=VALUE",
-                   help="override an eval setting, e.g. --set eval.max_tokens=65536 (repeatable)")
-    p.add_argument("--device", choices=("auto", "cpu", "cuda", "mps"), default=None,
-                   help="device (default: eval.device)")
-    p.add_argument("--threads", type=int, default=0,
-                   help="torch CPU threads (0: torch's default); small models on busy CPUs run faster with 1")
-    p.add_argument("--quiet", "-q", action="store_true", help="no progress bars")
-
-
-def _summary_line(result: dict) -> str:
-    return json.dumps({k: result.get(k) for k in ("diagnostic", "status", "tokens", "wall_time_s")})
-
-
-def _threads(args) -> None:
-    if args.threads < 0:
-        raise ConfigError(f"--threads must be >= 0, got {args.threads}")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-
-
-def _eval_config(args) -> EvalConfig:
-    """--preset <- --eval-config FILE <- --set eval.KEY=VALUE, validated before any model is loaded."""
-    return load_eval_config(args.eval_config, args.overrides, args.preset)
-
-
-def cmd_eval(args) -> int:
-    _threads(args)
-    result = run_diagnostic(args.diagnostic, args.model, args.data, args.out, device=args.device,
-                            progress=not args.quiet, eval_config=_eval_config(args))
-    print(_summary_line(result))
-    return 0
-
-
-def cmd_eval_all(args) -> int:
-    _threads(args)
-    names = tuple(n.strip() for n in args.only.split(",")) if args.only else DIAGNOSTICS
-    results = run_all(args.model, args.data, args.outdir, device=args.device, progress=not args.quiet,
-                      names=names, eval_config=_eval_config(args))
-    for r in results.values():
-        print(_summary_line(r))
-    return 0
-
-
-def add_cli(subparsers) -> None:
-    """`loopscale eval <diagnostic> ...` and `loopscale eval all ...` (called by cli.build_parser)."""
-    p = subparsers.add_parser("eval", help="evaluate a trained run (depth, throughput, norms, radial, lemma, "
-                                           "clamp, halting, scale, all; story: across runs)")
-    sub = p.add_subparsers(dest="diagnostic", required=True, metavar="DIAGNOSTIC")
-    for name in DIAGNOSTICS:
-        q = sub.add_parser(name, help=_REGISTRY[name].description)
-        _common(q)
-        q.add_argument("--out", required=True, help="result JSON file to write")
-        q.set_defaults(func=cmd_eval)
-    from .report.cli import add_story_cli  # cross-run: reads the runs' eval JSONs (report/endpoint_scale.py)
-    add_story_cli(sub)
-    q = sub.add_parser("all", help="every diagnostic (or those of --only), one JSON per diagnostic in --outdir")
-    _common(q)
-    q.add_argument("--outdir", required=True, help="directory for <diagnostic>.json files")
-    q.add_argument("--only", metavar="D1,D2,...", help=f"these diagnostics only (default: all of {','.join(DIAGNOSTICS)})")
-    q.set_defaults(func=cmd_eval_all)

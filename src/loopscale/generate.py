@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -316,55 +315,39 @@ def bench_generation_cli(run_dir: str, new_tokens: int, device: str, threads: Op
     return 0
 
 
-# ---------------------------------------------------------------------------
-# command line
-# ---------------------------------------------------------------------------
-def cmd_generate(args) -> int:
+def generate_from_run(run, prompt: str, max_new_tokens: int = 40, loops: Optional[int] = None,
+                      temperature: float = 0.0, top_k: Optional[int] = None, seed: int = 0,
+                      halt_policy: Optional[str] = None, threshold: Optional[float] = None, device: str = "cpu",
+                      threads: int = 0) -> tuple[str, str]:
+    """`prompt` continued by the run's model: (the prompt + the decoded new tokens, a one-line
+    note of the depth, halting, loops/token, speed and window slides). Every argument is
+    checked (one line each) before the run is loaded."""
     from .artifacts import load
     from .runtime import resolve_device
-    # every argument first (one line each), then the run
-    check_new_tokens(args.max_new_tokens)
-    check_sampling(args.temperature, args.top_k)
-    if args.threshold is not None and not args.halt:
+    check_new_tokens(max_new_tokens)
+    check_sampling(temperature, top_k)
+    if threshold is not None and not halt_policy:
         raise ConfigError("--threshold needs --halt POLICY")
-    if args.threshold is not None and not math.isfinite(args.threshold):
-        raise ConfigError(f"--threshold must be a finite number, got {args.threshold!r}")
+    if threshold is not None and not math.isfinite(threshold):
+        raise ConfigError(f"--threshold must be a finite number, got {threshold!r}")
     try:
-        args.prompt.encode("utf-8")
+        prompt.encode("utf-8")
     except UnicodeEncodeError:
         raise ConfigError("--prompt is not valid UTF-8 text") from None
-    resolve_device(args.device)  # one line for a device this machine lacks
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    model, tok, cfg = load(args.run, device=args.device)
+    resolve_device(device)  # one line for a device this machine lacks
+    if threads:
+        torch.set_num_threads(threads)
+    model, tok, cfg = load(run, device=device)
     halt = None
-    if args.halt:
-        tau = args.threshold if args.threshold is not None else run_threshold(args.run, args.halt, cfg)
-        halt = Halt(args.halt, tau)
-    prompt = tok.encode(args.prompt, add_special_tokens=False).ids
-    g = generate(model, prompt, args.max_new_tokens, n_loops=args.loops, temperature=args.temperature,
-                 top_k=args.top_k, seed=args.seed, halt=halt, vocab=tok.get_vocab_size(with_added_tokens=True))
-    print(args.prompt + tok.decode(g.tokens, skip_special_tokens=False))
-    k = args.loops or cfg.model.n_loops
+    if halt_policy:
+        tau = threshold if threshold is not None else run_threshold(run, halt_policy, cfg)
+        halt = Halt(halt_policy, tau)
+    ids = tok.encode(prompt, add_special_tokens=False).ids
+    g = generate(model, ids, max_new_tokens, n_loops=loops, temperature=temperature, top_k=top_k, seed=seed,
+                 halt=halt, vocab=tok.get_vocab_size(with_added_tokens=True))
+    k = loops or cfg.model.n_loops
     note = f"; window slid {g.slides}x (seq_len {cfg.model.seq_len})" if g.slides else ""
     how = f", halting {halt.policy} τ={halt.threshold:.4g}" if halt else ""
-    print(f"[{len(g.tokens)} tokens at k={k} (K_train={cfg.model.n_loops}){how}: mean loops/token "
-          f"{g.mean_loops:.2f}, {len(g.tokens) / max(g.seconds, 1e-9):.1f} tok/s{note}]", file=sys.stderr)
-    return 0
-
-
-def add_cli(subparsers) -> None:
-    p = subparsers.add_parser("generate", help="sample text from a trained run (any depth, KV cache, halting)")
-    p.add_argument("--run", required=True, help="run directory (model.safetensors or model.pt, tokenizer.json)")
-    p.add_argument("--prompt", required=True, help="text to continue")
-    p.add_argument("--loops", type=int, default=None, help="loops per token (default: K of training; any k >= 1)")
-    p.add_argument("--max-new-tokens", type=int, default=40)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--halt", choices=POLICIES, default=None,
-                   help="per-token halting with this policy's calibrated threshold (RUN/eval/halting.json)")
-    p.add_argument("--threshold", type=float, default=None, help="override the calibrated halting threshold")
-    p.add_argument("--device", default="cpu", help="cpu | cuda")
-    p.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
-    p.set_defaults(func=cmd_generate)
+    return (prompt + tok.decode(g.tokens, skip_special_tokens=False),
+            f"[{len(g.tokens)} tokens at k={k} (K_train={cfg.model.n_loops}){how}: mean loops/token "
+            f"{g.mean_loops:.2f}, {len(g.tokens) / max(g.seconds, 1e-9):.1f} tok/s{note}]")

@@ -1,6 +1,6 @@
 """Reports: aggregate tables, figures and REPORT.md from run directories.
 
-Command line (registered in `loopscale.cli` through `add_cli`):
+Command line (loopscale.cli.report):
 
   loopscale report tables  --runs RUN_DIR [RUN_DIR ...] --out results/<exp>
                            [--claims paper|factorial|dose] [--preregistered studies/<name>/preregistration.md]
@@ -35,7 +35,7 @@ is written atomically and is a pure function of the inputs (no timestamps), so t
 runs give the same bytes.
 
 Modules, by what they produce:
-  runs            reading a run directory (config, status, training log, eval JSONs), validated
+  runs            finding and reading run directories (config, status, training log, eval JSONs), validated
   groups          runs grouped by size × condition, per-run values, `Table`, notes under tables
   tables          every table of the report (`build_tables`), per_seed.csv included
   figures         every figure
@@ -47,14 +47,9 @@ Modules, by what they produce:
   drift_law       the law across experiments (results/drift_law)
   endpoint_scale  the paper's endpoint-scale story (loss placement × scale visibility)
   appendix_b      Appendix B's tables (Ouro track)
-  document        REPORT.md
+  document        REPORT.md, and the endpoint-scale story's files (`loopscale eval story`)
   metrics         metrics.json for DVC
   markdown        number formatting and Markdown tables
   paper           the paper's numbers
 """
 
-
-def add_cli(subparsers) -> None:
-    """Add the `report` command with its sub-commands to the `loopscale` parser."""
-    from .cli import add_cli as _add
-    _add(subparsers)

@@ -356,3 +356,21 @@ def claims_tables_of_records(records, family: str = "paper", preregistered: str 
 
 def claims_table(runs: list[Run]) -> Table:
     return claims_tables(runs)[0]
+
+
+def write_story(run_dirs: list[str], out: Path) -> list[Path]:
+    """story.{csv,md}, story_summary.json and story_quadrant.{png,pdf} of the runs under `run_dirs`."""
+    import json
+    from ..io import atomic_write_text
+    from .groups import write_tables
+    from .figures import fig_story
+    from .runs import find_run_dirs, load_runs
+    from .endpoint_scale import json_safe, story_points, story_summary, story_table
+    groups = group_runs(load_runs(find_run_dirs(run_dirs)))
+    out = Path(out)
+    written = write_tables([story_table(groups)], out)
+    summary = json_safe(story_summary(story_points(groups)))
+    written.append(atomic_write_text(out / "story_summary.json",
+                                     json.dumps(summary, indent=2, sort_keys=True, allow_nan=False) + "\n"))
+    written.append(fig_story(groups, out / "story_quadrant.png"))
+    return written

@@ -23,7 +23,7 @@ CE gap (symlog x) against log10 ‖H_K‖ with the official thresholds (usable e
 controlled scale: ‖H_K‖ ≤ 10²).
 
   loopscale eval story --runs RUN_DIR... --out DIR   story.{csv,md}, story_summary.json,
-                                                     story_quadrant.{png,pdf} (report/cli.py)
+                                                     story_quadrant.{png,pdf} (document.write_story)
 
 The report has the same table (story) and figure (story_quadrant, figures.py).
 """

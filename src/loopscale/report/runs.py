@@ -303,6 +303,35 @@ def load_runs(paths) -> list[Run]:
 _SEED_FREE = ("seed",)  # with config.RESULT_FREE: what may differ between seeds of one experiment
 
 
+RUN_FILES = ("loopscale.json", "config.json", "config.yaml", "summary.json", "metrics.jsonl")
+
+
+def find_run_dirs(paths: list[str]) -> list[Path]:
+    """Run directories among `paths`: a path holding a run file is a run; any other
+    directory is searched recursively for runs (so `--runs runs/cpu` works). Sorted, unique."""
+    found: set[Path] = set()
+    for p in map(Path, paths):
+        if not p.exists():
+            raise FileNotFoundError(f"run directory {p} does not exist")
+        if any((p / f).exists() for f in RUN_FILES):
+            found.add(p)
+            continue
+        for f in sorted(p.rglob("*")):
+            if f.name in RUN_FILES and f.is_file() and "eval" not in f.parent.name:
+                found.add(f.parent)
+    if not found:
+        raise FileNotFoundError(f"no run directories (holding {' or '.join(RUN_FILES)}) under {' '.join(paths)}")
+    return sorted(found)
+
+
+def load_run_dirs(paths: list[str]) -> list[Run]:
+    """The runs found under `paths` (find_run_dirs), loaded and checked: never copies of one
+    run, nor runs of two experiments, to be averaged together."""
+    runs = load_runs(find_run_dirs(paths))
+    check_runs(runs)
+    return runs
+
+
 def experiment_key(config: dict) -> str:
     """The run's config without its seed and the settings results do not depend on
     (config.RESULT_FREE; the evaluation settings): equal for the seeds of one experiment."""

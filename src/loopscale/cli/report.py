@@ -1,43 +1,21 @@
-"""`loopscale report {tables,figures,write}` (see the package docstring for the signatures)."""
+"""`loopscale report ...` (tables, figures, REPORT.md, drift law, claims; the signatures are in
+loopscale.report's docstring) and `loopscale eval story` (a cross-run diagnostic)."""
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-_RUN_FILES = ("loopscale.json", "config.json", "config.yaml", "summary.json", "metrics.jsonl")
-
-
-def find_run_dirs(paths: list[str]) -> list[Path]:
-    """Run directories among `paths`: a path holding a run file is a run; any other
-    directory is searched recursively for runs (so `--runs runs/cpu` works). Sorted, unique."""
-    found: set[Path] = set()
-    for p in map(Path, paths):
-        if not p.exists():
-            raise FileNotFoundError(f"run directory {p} does not exist")
-        if any((p / f).exists() for f in _RUN_FILES):
-            found.add(p)
-            continue
-        for f in sorted(p.rglob("*")):
-            if f.name in _RUN_FILES and f.is_file() and "eval" not in f.parent.name:
-                found.add(f.parent)
-    if not found:
-        raise FileNotFoundError(f"no run directories (holding {' or '.join(_RUN_FILES)}) under {' '.join(paths)}")
-    return sorted(found)
-
 
 def _runs(args):
-    from .runs import check_runs, load_runs
-    runs = load_runs(find_run_dirs(args.runs))
-    check_runs(runs)  # never average copies of one run, or runs of two experiments
-    return runs
+    from ..report.runs import load_run_dirs
+    return load_run_dirs(args.runs)
 
 
 def cmd_tables(args) -> int:
-    from .groups import write_tables
-    from .metrics import write_metrics
-    from .tables import build_tables
-    from .document import claims_tables
+    from ..report.groups import write_tables
+    from ..report.metrics import write_metrics
+    from ..report.tables import build_tables
+    from ..report.document import claims_tables
     runs = _runs(args)
     tables = build_tables(runs, root=Path.cwd()) + claims_tables(runs, args.claims, args.preregistered)
     written = write_tables(tables, Path(args.out)) + [write_metrics(tables, Path(args.out) / "metrics.json")]
@@ -46,12 +24,12 @@ def cmd_tables(args) -> int:
 
 
 def cmd_figures(args) -> int:
-    from .figures import write_figures
+    from ..report.figures import write_figures
     runs = _runs(args)
     written = write_figures(runs, Path(args.out))
     if args.claims == "dose":  # the dose-response figure (report/dose.py)
-        from . import dose
-        from .records import records_of_runs
+        from ..report import dose
+        from ..report.records import records_of_runs
         written.append(dose.fig_dose(dose.run_rows(records_of_runs(runs)), Path(args.out) / "dose.png"))
     print(f"loopscale report figures: {len(runs)} runs -> {len(written)} figures (PNG + PDF) in {args.out}")
     return 0
@@ -59,7 +37,7 @@ def cmd_figures(args) -> int:
 
 def cmd_write(args) -> int:
     from ..io import atomic_write_text
-    from .document import load_params, report_markdown
+    from ..report.document import load_params, report_markdown
     from ..config import ConfigError
     params = load_params(args.params, args.experiment)
     if not Path(args.results).is_dir():  # the tables the report links: without them it would link nothing
@@ -74,7 +52,7 @@ def cmd_write(args) -> int:
 
 
 def cmd_drift_law(args) -> int:
-    from .drift_law import DriftLawError, report
+    from ..report.drift_law import DriftLawError, report
     try:
         report(args.results, args.out, holdout=args.holdout, condition_id=args.condition, studies_dir=args.studies,
                results_root=args.results_root)
@@ -88,7 +66,7 @@ def cmd_drift_law(args) -> int:
 
 def cmd_drift_law_predict(args) -> int:
     from ..io import atomic_write_text
-    from .drift_law import (DriftLawError, fit_drift_law, fit_records, parse_setting, predict_settings,
+    from ..report.drift_law import (DriftLawError, fit_drift_law, fit_records, parse_setting, predict_settings,
                             predictions_yaml, read_logs, read_settings)
     try:
         if bool(args.setting) == bool(args.settings):
@@ -125,9 +103,9 @@ def cmd_drift_law_predict(args) -> int:
 
 def cmd_claims(args) -> int:
     """claims/choices (+ dose) tables rebuilt from an experiment's committed per_seed.csv and train_norms.csv."""
-    from .groups import write_tables
-    from .records import RecordsError, records_from_results
-    from .document import claims_tables_of_records
+    from ..report.groups import write_tables
+    from ..report.records import RecordsError, records_from_results
+    from ..report.document import claims_tables_of_records
     try:
         records = records_from_results(args.results)
     except RecordsError as e:
@@ -140,14 +118,14 @@ def cmd_claims(args) -> int:
                     "is absent).\n\n" + tables[0].md)
     written = write_tables(tables, out)
     if args.claims == "dose" and args.figures:
-        from . import dose
+        from ..report import dose
         written.append(dose.fig_dose(tables[-1].df, Path(args.figures) / "dose.png"))
     print(f"loopscale report claims: {len(records)} runs ({args.results}/per_seed.csv) -> {len(written)} files in {out}")
     return 0
 
 
 def cmd_claims_matrix(args) -> int:
-    from . import claims_matrix
+    from ..report import claims_matrix
     command = " ".join(["loopscale report claims-matrix --results", *map(str, args.results), "--out", str(args.out)]
                        + (["--readme", args.readme] if args.readme else []))
     try:
@@ -160,31 +138,15 @@ def cmd_claims_matrix(args) -> int:
     return 0
 
 
-def write_story(run_dirs: list[str], out: Path) -> list[Path]:
-    """story.{csv,md}, story_summary.json and story_quadrant.{png,pdf} of the runs under `run_dirs`."""
-    import json
-    from ..io import atomic_write_text
-    from .groups import group_runs, write_tables
-    from .figures import fig_story
-    from .runs import load_runs
-    from .endpoint_scale import json_safe, story_points, story_summary, story_table
-    groups = group_runs(load_runs(find_run_dirs(run_dirs)))
-    out = Path(out)
-    written = write_tables([story_table(groups)], out)
-    summary = json_safe(story_summary(story_points(groups)))
-    written.append(atomic_write_text(out / "story_summary.json",
-                                     json.dumps(summary, indent=2, sort_keys=True, allow_nan=False) + "\n"))
-    written.append(fig_story(groups, out / "story_quadrant.png"))
-    return written
-
-
 def cmd_story(args) -> int:
+    from ..report.document import write_story
+    from ..report.runs import find_run_dirs
     written = write_story(args.runs, Path(args.out))
     print(f"loopscale eval story: {len(find_run_dirs(args.runs))} runs -> {len(written)} files in {args.out}")
     return 0
 
 
-def add_story_cli(sub) -> None:
+def add_story(sub) -> None:
     """`loopscale eval story` (under `loopscale eval`: a cross-run diagnostic computed from the
     runs' eval JSONs, report/endpoint_scale.py)."""
     q = sub.add_parser("story", help="loss placement x scale visibility over a grid's runs (2x2 table, quadrant "
@@ -196,7 +158,7 @@ def add_story_cli(sub) -> None:
     q.set_defaults(func=cmd_story)
 
 
-def add_cli(subparsers) -> None:
+def add_commands(subparsers) -> None:
     p = subparsers.add_parser("report", help="aggregate tables, figures and REPORT.md from run directories",
                               description="Aggregate run directories into tables (CSV + Markdown), figures (PNG) "
                                           "and REPORT.md.")
@@ -287,9 +249,3 @@ def add_cli(subparsers) -> None:
                         "(e.g. README.md)")
     q.set_defaults(func=cmd_claims_matrix)
 
-
-if __name__ == "__main__":  # pragma: no cover
-    parser = argparse.ArgumentParser(prog="loopscale")
-    add_cli(parser.add_subparsers(dest="command", required=True))
-    a = parser.parse_args()
-    sys.exit(a.func(a))

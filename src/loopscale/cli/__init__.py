@@ -1,0 +1,74 @@
+"""`loopscale` command line: one call = one job of the pipeline.
+
+  loopscale config        resolve a preset + config file + overrides into one config file
+  loopscale prepare-data  fetch/read the corpus, fit the tokenizer, write uint16 splits
+  loopscale data-stats    words, tokens, <unk> shares and training steps of prepared data
+  loopscale train         train one run (resumes from its state.pt)
+  loopscale params        print the parameter count of a config
+  loopscale eval          the diagnostics of a trained run; `eval story` across runs
+  loopscale report        tables, figures, REPORT.md, drift law, claims
+  loopscale bench         throughput, FLOP/s, MFU and step memory
+  loopscale export | generate | convert-paper   a trained or converted model's files and text
+
+One module per area (run, eval, report, bench, models, common: what several share); each
+`cmd_*` reads its arguments and calls plain functions of the domain modules, which import
+nothing from this package (tests/test_imports.py). `python -m loopscale.cli` runs `main`.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from ..config import ConfigError
+from ..io import watch_parent
+from .common import add_config_args, add_run_dir_args, check_common_args, config_from_args, train_or_record  # noqa: F401
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from .. import __version__
+    parser = argparse.ArgumentParser(prog="loopscale", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"loopscale {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    from . import eval as evaluate, models, report, run
+    run.add_commands(sub)
+    evaluate.add_commands(sub)
+    report.add_commands(sub)
+    from .. import bench, ouro_tools, train_stream
+    bench.add_cli(sub)
+    models.add_export(sub)
+    models.add_generate(sub)
+    models.add_convert(sub)
+    train_stream.add_cli(sub)
+    ouro_tools.add_cli(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    if "--stop-with-parent" in (sys.argv[1:] if argv is None else argv):
+        watch_parent()
+    from ..data import DataError
+    from ..io import CheckpointError, RunLocked
+    from ..rundir import Preempted
+    args = build_parser().parse_args(argv)
+    # progress and notices of every command: one timestamped line each, on stderr
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s",
+                        datefmt="%Y-%m-%d %H:%M:%S", stream=sys.stderr)
+    try:
+        check_common_args(args)
+        return args.func(args) or 0
+    except (ConfigError, DataError, CheckpointError, RunLocked) as e:
+        print(f"loopscale: error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:  # the file system's answer, one line: disk full, read-only, not a directory...
+        where = f"{e.filename}: " if e.filename else ""
+        print(f"loopscale: error: {where}{e.strerror or e}", file=sys.stderr)
+        return 2
+    except Preempted as e:
+        print(f"loopscale: {e}", file=sys.stderr)
+        return 143
+    except KeyboardInterrupt:
+        print("loopscale: interrupted", file=sys.stderr)
+        return 130
+
