@@ -8,8 +8,8 @@ place in the canonical order of tables and its colour, line style and marker in 
 Everything else reads these: the allowed values of `loopscale.config`, the values params.yaml
 may give (checked by `loopscale.pipeline`), the pipeline's wildcards,
 the evaluation command line, the readout of `loopscale.model.LoopedLM` and every table and
-figure of `loopscale.report`. So adding a readout touches this file (its entry) and, when
-its norms are not RMSNorm/LayerNorm, the model's `make_norm`.
+figure of `loopscale.report`. So adding a readout touches this file (its entry, naming the
+architectures it applies to) and, when it needs a new kind of norm, `loopscale.readouts.NORMS`.
 
 Imports nothing heavy (no torch): the pipeline builds its DAG from it.
 """
@@ -26,23 +26,37 @@ OTHER = 99  # order of entries that do not set one: after the paper's
 # ---------------------------------------------------------------------------
 # the four axes of a condition
 # ---------------------------------------------------------------------------
+# the architectures (loopscale.model.ARCHITECTURES) whose exits k < K read the step norm, the
+# norm that also feeds the next loop: there a readout's exit K may use another norm kind
+STEP_NORM_ARCHS = ("ouro",)
+INVARIANT_NORMS = ("rmsnorm", "layernorm")  # r(αH) = r(H)
+
+
 @dataclass(frozen=True)
 class Readout:
-    """r(H_k): what the tied head reads at exit k. `exit_norm` is the norm applied at the
-    exits k < K of a pass, `final_norm` the one at exit K (None: the raw state)."""
+    """r(H_k): what the head reads at exit k. `exit_norm` is the norm applied at the exits
+    k < K of a pass, `final_norm` the one at exit K (None: the raw state); the norms are
+    modules of loopscale.readouts (`NORMS`). `archs`: the architectures
+    (loopscale.model.ARCHITECTURES) it applies to; `per_loop`: one norm module per exit."""
     name: str
     label: str  # in tables and legends
-    exit_norm: Optional[str]  # "rmsnorm" | "layernorm" | None (raw)
+    exit_norm: Optional[str]  # "rmsnorm" | "layernorm" | "alpha" | "taper" | None (raw)
     final_norm: Optional[str]
     description: str
     order: int = OTHER  # place among readouts in the report (after the canonical conditions)
     linestyle: Union[str, tuple] = "-"  # matplotlib line style of its conditions
     marker: str = "x"
-    invariant_norm: bool = True  # its norm is scale-invariant (False: alpha readout, TaperNorm)
+    archs: tuple = ("looped",)
+    per_loop: bool = False
 
     def __post_init__(self):
-        if None not in (self.exit_norm, self.final_norm) and self.exit_norm != self.final_norm:
-            raise ValueError(f"readout {self.name}: one norm kind per readout (the model keeps one norm)")
+        if None not in (self.exit_norm, self.final_norm) and self.exit_norm != self.final_norm \
+                and not set(self.archs) <= set(STEP_NORM_ARCHS):
+            raise ValueError(f"readout {self.name}: one norm kind per readout (exit K may differ only where the "
+                             f"exits read the step norm: {', '.join(STEP_NORM_ARCHS)})")
+
+    def applies_to(self, arch: str) -> bool:
+        return arch in self.archs
 
     @property
     def norm(self) -> Optional[str]:
@@ -52,7 +66,7 @@ class Readout:
     @property
     def scale_invariant(self) -> bool:
         """Every exit is scale-invariant, r(αH) = r(H): the loss cannot see ‖H‖."""
-        return self.exit_norm is not None and self.final_norm is not None and self.invariant_norm
+        return self.exit_norm in INVARIANT_NORMS and self.final_norm in INVARIANT_NORMS
 
     @property
     def raw(self) -> bool:
@@ -62,7 +76,7 @@ class Readout:
     @property
     def exits_differ(self) -> bool:
         """Exits k < K are read through another function than exit K."""
-        return self.exit_norm != self.final_norm
+        return self.exit_norm != self.final_norm or self.per_loop
 
     def norm_at(self, k: int, K: int) -> str:
         """The readout applied at exit k of a K-loop pass: "raw" or the norm's name."""
@@ -92,7 +106,8 @@ PALETTE = tuple({**_OKABE_ITO, **_TOL_MUTED}[c] for c in (
 
 READOUTS: dict[str, Readout] = {r.name: r for r in (
     Readout("rmsnorm", "RMSNorm readout", "rmsnorm", "rmsnorm",
-            "RMSNorm at every exit: scale-invariant, the loss cannot see ‖H_k‖", 0, "-", "o"),
+            "RMSNorm at every exit: scale-invariant, the loss cannot see ‖H_k‖", 0, "-", "o",
+            archs=("looped", "ouro")),
     Readout("layernorm", "LayerNorm readout", "layernorm", "layernorm",
             "LayerNorm (no bias) at every exit: scale-invariant", 3, "-.", "D"),
     Readout("raw", "raw readout", None, None,
@@ -102,11 +117,29 @@ READOUTS: dict[str, Readout] = {r.name: r for r in (
     # the official release's other readouts (model.decode_norm_type; loopscale.readouts)
     Readout("alpha_readout", "alpha readout", "alpha", "alpha",
             "s_ref^(1-α)·s^α·u, s = RMS(H), u = H/s: between a constant scale (α=0) and raw (α=1)",
-            linestyle=(0, (1, 1)), marker="v", invariant_norm=False),
+            linestyle=(0, (1, 1)), marker="v"),
     Readout("tapernorm", "TaperNorm readout", "taper", "taper",
             "gate·RMSNorm(H) + (1-gate)·c·H·w, gate 1 -> 0 over training (cosine): ends sample-independent",
-            linestyle=(0, (5, 2)), marker="P", invariant_norm=False),
-)}
+            linestyle=(0, (5, 2)), marker="P"),
+    # the Ouro track's (Appendix B; official src/train_ouro_from_scratch_ddp.py): there the step
+    # norm model.norm is also what step k+1 receives, so `exit_norm` doubles as the recurrence;
+    # "rmsnorm" above is the published per-step norm
+    Readout("final_raw", "final-step raw readout", "rmsnorm", None,
+            "model.norm at steps k < K, the raw state at step K (the official ConditionalNorm, --no-readout-norm)",
+            OTHER + 2, ":", archs=("ouro",)),
+    Readout("final_alpha", "final-step alpha readout", "rmsnorm", "alpha",
+            "model.norm at steps k < K, an alpha readout at step K (the official ConditionalAlphaReadout, "
+            "--alpha-readout)", OTHER + 1, ":", archs=("ouro",)),
+    Readout("per_loop_alpha", "per-loop alpha readout", "alpha", "alpha",
+            "an alpha readout of its own at every step, also fed to the next step (the official "
+            "PerLoopAlphaReadout, --alpha-readout --per-loop-alpha)", OTHER + 3, ":", archs=("ouro",), per_loop=True),
+)}  # (the Ouro track's orders put its readouts after the others, final_alpha, final_raw, per_loop_alpha)
+
+
+def readouts_of(arch: str) -> tuple[str, ...]:
+    """The readouts that apply to an architecture (`model.arch`)."""
+    return tuple(n for n, r in READOUTS.items() if r.applies_to(arch))
+
 
 LOSSES: dict[str, Axis] = {a.name: a for a in (
     Axis("terminal", "terminal CE", "cross-entropy of exit K only", 0),
@@ -128,63 +161,13 @@ RECURRENCES: dict[str, Axis] = {a.name: a for a in (
 )}
 
 # ---------------------------------------------------------------------------
-# architectures, and the readouts of the Ouro track (Appendix B)
+# architectures (loopscale.model.ARCHITECTURES holds what each one builds)
 # ---------------------------------------------------------------------------
 ARCHS: dict[str, Axis] = {a.name: a for a in (
     Axis("looped", "looped LM", "the paper's looped decoder (loopscale.model.LoopedLM)", 0),
     Axis("ouro", "Ouro", "ByteDance's Ouro architecture: RoPE, sandwich norms, untied head, model.norm after "
-                         "every recurrent step, exit gate (loopscale.ouro.OuroLM)", 1),
+                         "every recurrent step, exit gate (loopscale.model.LoopedLM, model.arch=ouro)", 1),
 )}
-
-
-@dataclass(frozen=True)
-class OuroReadout:
-    """A readout of the Ouro track (official `src/train_ouro_from_scratch_ddp.py`): what the
-    untied head reads at the exits k < K (`exit_norm`) and at exit K (`final_norm`). In Ouro
-    the step norm `model.norm` is also what step k+1 receives, so `exit_norm` doubles as
-    the recurrence. "alpha": s_ref^(1-α)·s^α·h/s (loopscale.readouts.AlphaReadout)."""
-    name: str
-    label: str
-    exit_norm: Optional[str]  # "rmsnorm" | "alpha"
-    final_norm: Optional[str]  # "rmsnorm" | "alpha" | None (raw)
-    description: str
-    per_loop: bool = False  # one alpha readout per step instead of one shared norm
-    order: int = OTHER
-
-    @property
-    def scale_invariant(self) -> bool:
-        return self.exit_norm == "rmsnorm" and self.final_norm == "rmsnorm"
-
-    @property
-    def raw(self) -> bool:
-        return False  # every Ouro readout normalises the steps k < K
-
-    @property
-    def exits_differ(self) -> bool:
-        return self.exit_norm != self.final_norm or self.per_loop
-
-    def norm_at(self, k: int, K: int) -> str:
-        return (self.final_norm if k >= K else self.exit_norm) or "raw"
-
-
-# the published per-step norm is the "rmsnorm" readout of READOUTS (RMSNorm at every exit)
-OURO_READOUTS: dict[str, OuroReadout] = {r.name: r for r in (
-    OuroReadout("final_raw", "final-step raw readout", "rmsnorm", None,
-                "model.norm at steps k < K, the raw state at step K (the official ConditionalNorm, "
-                "--no-readout-norm)", order=10),
-    OuroReadout("final_alpha", "final-step alpha readout", "rmsnorm", "alpha",
-                "model.norm at steps k < K, an alpha readout at step K (the official ConditionalAlphaReadout, "
-                "--alpha-readout)", order=11),
-    OuroReadout("per_loop_alpha", "per-loop alpha readout", "alpha", "alpha",
-                "an alpha readout of its own at every step, also fed to the next step (the official "
-                "PerLoopAlphaReadout, --alpha-readout --per-loop-alpha)", per_loop=True, order=12),
-)}
-
-
-def readout_spec(name: str):
-    """The readout of a model by its name: READOUTS, else the Ouro track's OURO_READOUTS."""
-    return READOUTS.get(name) or OURO_READOUTS[name]
-
 
 
 # losses that read the model's exit gate (the model builds one: model.exit_gate)
@@ -200,9 +183,8 @@ def axis_registry(axis: str) -> dict:
 
 
 def axis_values(axis: str) -> tuple[str, ...]:
-    """The names an axis takes in configs and run ids (readouts: also the Ouro track's)."""
-    extra = tuple(r for r in OURO_READOUTS if r not in READOUTS) if axis == "readout" else ()
-    return tuple(axis_registry(axis)) + extra
+    """The names an axis takes in configs and run ids."""
+    return tuple(axis_registry(axis))
 
 
 # ---------------------------------------------------------------------------
@@ -331,7 +313,7 @@ class Condition:
         def lab(registry, name):
             e = registry.get(name)
             return e.label if e is not None else name
-        parts = [lab(LOSSES, self.loss), lab({**OURO_READOUTS, **READOUTS}, self.readout)]
+        parts = [lab(LOSSES, self.loss), lab(READOUTS, self.readout)]
         reg = lab(REGULARIZERS, self.regularizer)
         if reg:
             parts.append(reg + ("" if self.paper_penalty else f" (λ={self.penalty_weight:g})"))
