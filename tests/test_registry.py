@@ -138,3 +138,22 @@ def test_a_readout_added_through_the_registry_trains_evaluates_and_reports(monke
     assert toy_cond.colour in R.PALETTE and toy_cond.linestyle == ":" and toy_cond.marker == "v"
     pngs = write_figures(loaded, tmp_path / "figures")
     assert all(p.stat().st_size > 1000 for p in pngs)
+
+
+def test_one_readout_registry_names_each_readouts_architectures():
+    """The Ouro track's readouts are entries of READOUTS like the others, for model.arch=ouro;
+    they come after every other readout in tables and each has a colour of its own."""
+    assert R.readouts_of("looped") == ("rmsnorm", "layernorm", "raw", "final_norm", "alpha_readout", "tapernorm")
+    assert R.readouts_of("ouro") == ("rmsnorm", "final_raw", "final_alpha", "per_loop_alpha")
+    assert R.axis_values("readout") == tuple(R.READOUTS)
+    fin_raw, fin_alpha, per_loop = (R.READOUTS[n] for n in ("final_raw", "final_alpha", "per_loop_alpha"))
+    assert [fin_raw.norm_at(k, 3) for k in (1, 2, 3)] == ["rmsnorm", "rmsnorm", "raw"]
+    assert fin_alpha.exits_differ and per_loop.exits_differ and per_loop.per_loop and not fin_alpha.per_loop
+    assert not any(r.scale_invariant or r.raw for r in (fin_raw, fin_alpha, per_loop))
+    conds = [R.condition(r, "terminal", recurrence="inter_loop_norm") for r in R.readouts_of("ouro")]
+    assert sorted(conds, key=R.Condition.sort_key) == [conds[i] for i in (0, 2, 1, 3)]  # rmsnorm, then by name
+    assert len({c.colour for c in conds}) == 4
+    # exits and exit K of different kinds only where the exits read the step norm (Ouro)
+    R.Readout("ok", "ok", "rmsnorm", "alpha", "", archs=("ouro",))
+    with pytest.raises(ValueError, match="one norm kind"):
+        R.Readout("mixed", "mixed", "rmsnorm", "alpha", "", archs=("looped", "ouro"))

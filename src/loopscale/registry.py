@@ -126,14 +126,14 @@ READOUTS: dict[str, Readout] = {r.name: r for r in (
     # "rmsnorm" above is the published per-step norm
     Readout("final_raw", "final-step raw readout", "rmsnorm", None,
             "model.norm at steps k < K, the raw state at step K (the official ConditionalNorm, --no-readout-norm)",
-            OTHER + 2, ":", archs=("ouro",)),
+            OTHER + 1, ":", archs=("ouro",)),
     Readout("final_alpha", "final-step alpha readout", "rmsnorm", "alpha",
             "model.norm at steps k < K, an alpha readout at step K (the official ConditionalAlphaReadout, "
             "--alpha-readout)", OTHER + 1, ":", archs=("ouro",)),
     Readout("per_loop_alpha", "per-loop alpha readout", "alpha", "alpha",
             "an alpha readout of its own at every step, also fed to the next step (the official "
-            "PerLoopAlphaReadout, --alpha-readout --per-loop-alpha)", OTHER + 3, ":", archs=("ouro",), per_loop=True),
-)}  # (the Ouro track's orders put its readouts after the others, final_alpha, final_raw, per_loop_alpha)
+            "PerLoopAlphaReadout, --alpha-readout --per-loop-alpha)", OTHER + 1, ":", archs=("ouro",), per_loop=True),
+)}  # (the Ouro track's readouts come after every other one in tables, among themselves by name)
 
 
 def readouts_of(arch: str) -> tuple[str, ...]:
@@ -359,6 +359,11 @@ def condition(readout: str, loss: str, regularizer: str = "none", recurrence: st
 
 
 def _all_bases() -> list[tuple]:
-    """Every point of the full grid, in report order (loss, readout, regularizer, recurrence)."""
+    """Every point of the full grid, in report order (loss, readout, regularizer, recurrence),
+    one architecture's grid after the other's (a readout of several is in the first one's)."""
     rd, ls, rg, rc = (sorted(axis_registry(a).values(), key=lambda e: e.order) for a in AXES)
-    return [(r.name, l.name, g.name, c.name) for l, r, g, c in itertools.product(ls, rd, rg, rc)]
+    out = []
+    for i, arch in enumerate(ARCHS):
+        own = [r for r in rd if r.applies_to(arch) and not any(map(r.applies_to, list(ARCHS)[:i]))]
+        out += [(r.name, l.name, g.name, c.name) for l, r, g, c in itertools.product(ls, own, rg, rc)]
+    return out
