@@ -16,7 +16,7 @@ As published (config `model_type: ouro`, class `OuroForCausalLM`):
   gate  λ_k = σ(early_exit_gate(model.norm(H_k)))          per-token exit hazard (Linear d -> 1)
 
 So Ouro's recurrence is loopscale's `inter_loop_norm` and its readout `rmsnorm`, with one norm
-module for both. The readout variants of the official trainer replace that norm (entries of
+module for both (model.recurrence is not read). The readout variants of the official trainer replace that norm (entries of
 loopscale.registry.READOUTS that apply to model.arch=ouro):
 
   rmsnorm         the published per-step norm
