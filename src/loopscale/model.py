@@ -193,8 +193,7 @@ class LoopedLM(nn.Module):
         # the readout: the norm of the exits (one shared by every loop, or one per exit), and a
         # module of its own at exit K where its kind differs from the exits' (Ouro's final_alpha)
         self.readout_spec = spec = READOUTS[cfg.readout]
-        exit_kind, final_kind = spec.exit_norm, spec.final_norm
-        norm = exit_kind or final_kind
+        exit_kind, final_kind, norm = spec.exit_norm, spec.final_norm, spec.norm
         self.per_loop_readout = spec.per_loop or (norm == "alpha" and cfg.alpha_per_loop and not arch.shared_step_norm)
 
         def make_norm(kind: str) -> nn.Module:

@@ -45,10 +45,9 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .config import LIMITS, ConfigError, ModelConfig, RunConfig, preset_dict
+from .config import LIMITS, ConfigError, RunConfig, preset_dict
 from .io import CheckpointError
 from .model import LoopedLM
-from .model import count_params as model_count_params
 from .runfiles import FLOAT_DTYPES, INT_DTYPES, read_json, read_safetensors_header
 
 
@@ -332,10 +331,6 @@ def save_pretrained(model: LoopedLM, path: str | Path, shard_tensors: int = 0) -
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     (out / HF_INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
     return out
-
-
-def count_params(cfg: ModelConfig) -> int:
-    return model_count_params(cfg)
 
 
 # ---------------------------------------------------------------------------

@@ -60,8 +60,9 @@ class Readout:
 
     @property
     def norm(self) -> Optional[str]:
-        """The norm module the model builds for this readout (None: no readout parameters)."""
-        return self.final_norm or self.exit_norm
+        """The kind of the model's readout norm (the exits', else exit K's; None: no readout
+        parameters); exit K has a module of its own where its kind differs."""
+        return self.exit_norm or self.final_norm
 
     @property
     def scale_invariant(self) -> bool:
