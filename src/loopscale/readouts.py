@@ -216,14 +216,6 @@ def drive_tapers(model: nn.Module, step: int, total_steps: int, warmup_frac: flo
 # architecture's fp32_norm), `official`: alpha readouts as the official Ouro trainer builds them
 # (a learned s_ref, the other alpha_* settings at the module's defaults)
 # ---------------------------------------------------------------------------
-def _rmsnorm(cfg, fp32: bool, official: bool) -> nn.Module:
-    return RMSNorm(cfg.d_model, cfg.norm_eps) if fp32 else nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
-
-
-def _layernorm(cfg, fp32: bool, official: bool) -> nn.Module:
-    return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=False)
-
-
 def _alpha(cfg, fp32: bool, official: bool) -> nn.Module:
     if official:
         return AlphaReadout(cfg.d_model, init_alpha=cfg.alpha_init, fixed_alpha=cfg.alpha_fixed, s_ref="learned",
@@ -233,12 +225,13 @@ def _alpha(cfg, fp32: bool, official: bool) -> nn.Module:
                         init_log_s_ref=cfg.alpha_log_s_ref, eps=cfg.norm_eps)
 
 
-def _taper(cfg, fp32: bool, official: bool) -> nn.Module:
-    return TaperNorm(cfg.d_model, eps=cfg.norm_eps, ema_decay=cfg.taper_ema_decay)
-
-
-NORMS: dict[str, Callable[..., nn.Module]] = {"rmsnorm": _rmsnorm, "layernorm": _layernorm, "alpha": _alpha,
-                                              "taper": _taper}
+NORMS: dict[str, Callable[..., nn.Module]] = {
+    "rmsnorm": lambda cfg, fp32, official: RMSNorm(cfg.d_model, cfg.norm_eps) if fp32 else
+    nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps),
+    "layernorm": lambda cfg, fp32, official: nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=False),
+    "alpha": _alpha,
+    "taper": lambda cfg, fp32, official: TaperNorm(cfg.d_model, eps=cfg.norm_eps, ema_decay=cfg.taper_ema_decay),
+}
 
 
 def build_norm(kind: str, cfg, *, fp32: bool = False, official: bool = False) -> nn.Module:
