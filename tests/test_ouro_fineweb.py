@@ -152,8 +152,8 @@ def test_pure_bf16_and_evaluation_of_a_streamed_run(corpus, tmp_path):
     assert r["status"] == "completed"
     ck = IO.load_checkpoint(tmp_path / "run" / "model.pt")
     assert ck["model"]["model.layers.0.mlp.up_proj.weight"].dtype == torch.bfloat16
-    from loopscale.evaluate import load_model
-    model, cfg, _ = load_model(tmp_path / "run" / "model.pt")
+    from loopscale import load
+    model, _, cfg = load(tmp_path / "run" / "model.pt")
     with torch.no_grad():
         assert cfg.model.arch == "ouro" and math.isfinite(float(model.logits(model(torch.ones(1, 4).long())[-1]).sum()))
 

@@ -32,6 +32,7 @@ import hashlib
 import json
 import math
 import struct
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -43,8 +44,9 @@ from tokenizers import Tokenizer
 from . import ouro  # top level, so a run's bundled remote code (remote.py) carries it
 from .config import LIMITS as SIZE_LIMITS
 from .config import ModelConfig, RunConfig
-from .io import CheckpointError, atomic_write_bytes, atomic_write_json, atomic_write_text, weights_sha256
-from .model import ARCHITECTURES, LoopedLM
+from .io import (CheckpointError, atomic_write_bytes, atomic_write_json, atomic_write_text, load_checkpoint,
+                 weights_sha256)
+from .model import ARCHITECTURES, LoopedLM, build_model
 from .runfiles import FLOAT_DTYPES, INT_DTYPES, read_json, read_safetensors_header
 
 WEIGHTS = "model.safetensors"
@@ -219,8 +221,8 @@ def export_run(run_dir: str | Path, data_dir: Optional[str | Path] = None) -> li
     model_pt = run / "model.pt"
     if not model_pt.is_file():
         raise CheckpointError(f"{model_pt} not found: {run} is not a finished loopscale run")
-    from .evaluate import load_model
-    model, cfg, ckpt = load_model(model_pt)
+    model, _, cfg = got = load(model_pt)
+    ckpt = got.checkpoint
     record = _existing_record(run)
     if record is not None:
         _same_model(_run_config(record["config"], run / RECORD).model, cfg.model, run / RECORD, model_pt)
@@ -379,27 +381,50 @@ def _model_pt_record(path: Path) -> tuple[Optional[dict], Optional[str]]:
     return ck["config"], h if isinstance(h, str) else None
 
 
-def load(run_dir: str | Path, device: str | torch.device = "cpu") -> tuple[LoopedLM, Tokenizer, RunConfig]:
-    """(model, tokenizer, config) of a run directory, the model in eval mode on `device`.
+@dataclass
+class Loaded:
+    """What `load` returns. It unpacks as (model, tokenizer, config), as `loopscale.load` always
+    has; `checkpoint` is the record a torch checkpoint keeps beside its weights (step, status,
+    data) where the weights came from one (model.pt, state.pt), else empty."""
+    model: LoopedLM
+    tokenizer: Optional[Tokenizer]
+    config: RunConfig
+    checkpoint: dict = field(default_factory=dict)
 
-    Weights from model.safetensors (else model.pt), the run config from loopscale.json (or an
-    older run's config.json, else the checkpoint's), tokenizer from tokenizer.json. Everything
-    is verified first (module docstring); a failure is one CheckpointError line."""
-    run = Path(run_dir)
+    def __iter__(self):
+        return iter((self.model, self.tokenizer, self.config))
+
+    def __getitem__(self, i):
+        return tuple(self)[i]
+
+
+def load(path: str | Path, device: str | torch.device = "cpu", *, tokenizer: bool = True) -> Loaded:
+    """The one loader of a model: (model, tokenizer, config), the model in eval mode on `device`.
+
+    `path` is a run directory, a published Hugging Face Ouro checkpoint directory, or a torch
+    checkpoint file (model.pt, state.pt; it carries no tokenizer). A run directory's weights come
+    from model.safetensors (else model.pt), its config from loopscale.json (or an older run's
+    config.json, else the checkpoint's), its tokenizer from tokenizer.json (`tokenizer=False`:
+    not read, None). Everything is verified first (module docstring); a failure is one
+    CheckpointError line."""
+    run = Path(path)
+    if run.is_file():
+        return _load_checkpoint_file(run, device)
     if not run.is_dir():
         raise FileNotFoundError(f"run directory {run} not found")
     weights = run / WEIGHTS
     if ouro.is_hf_checkpoint(run):  # a published Hugging Face Ouro checkpoint (ByteDance/Ouro-1.4B, ...)
         model, cfg = ouro.from_pretrained(run, device=device)
         tok_path = run / "tokenizer.json"
-        if not tok_path.is_file():
+        if tokenizer and not tok_path.is_file():
             raise FileNotFoundError(f"{tok_path} not found: the checkpoint directory needs its tokenizer")
-        return model, Tokenizer.from_file(str(tok_path)), cfg
-    if not weights.is_file():
-        from .evaluate import load_model
-        model, cfg, ckpt = load_model(run / "model.pt", device=device)
-        data = ckpt.get("data") if isinstance(ckpt.get("data"), dict) else {}
-        return model, load_tokenizer(run, [(data.get("tokenizer_sha256"), run / "model.pt")]), cfg
+        return Loaded(model, Tokenizer.from_file(str(tok_path)) if tokenizer else None, cfg)
+    if not weights.is_file():  # a run written before model.safetensors: its model.pt
+        got = _load_checkpoint_file(run / "model.pt", device)
+        if tokenizer:
+            got.tokenizer = load_tokenizer(run, [((got.checkpoint.get("data") or {}).get("tokenizer_sha256"),
+                                                  run / "model.pt")])
+        return got
     record, rec_path = read_record(run)
     cfg = _run_config(record["config"], rec_path)
     m = cfg.model
@@ -440,11 +465,29 @@ def load(run_dir: str | Path, device: str | torch.device = "cpu") -> tuple[Loope
     except RuntimeError as e:
         raise CheckpointError(f"{weights} does not match {rec_path}'s model shape: "
                               f"{str(e).splitlines()[0][:200]}") from None
-    tok = load_tokenizer(run, tok_hashes)
-    if tok.get_vocab_size(with_added_tokens=True) > m.vocab_size:
+    tok = load_tokenizer(run, tok_hashes) if tokenizer else None
+    if tok is not None and tok.get_vocab_size(with_added_tokens=True) > m.vocab_size:
         raise CheckpointError(f"{run / 'tokenizer.json'} has {tok.get_vocab_size(with_added_tokens=True)} ids "
                               f"but the model's embedding only {m.vocab_size}: not this run's tokenizer")
-    return model.to(device).eval(), tok, cfg
+    return Loaded(model.to(device).eval(), tok, cfg)
+
+
+def _load_checkpoint_file(path: Path, device: str | torch.device) -> Loaded:
+    """A torch checkpoint (model.pt or a training state.pt): its weights verified by
+    io.load_checkpoint, its model built from the config it carries."""
+    ckpt = load_checkpoint(path, map_location=device)
+    try:
+        cfg = RunConfig.from_checkpoint(ckpt["config"])  # drops the `eval` of older checkpoints
+    except Exception as e:
+        raise CheckpointError(f"checkpoint {path} carries an invalid config: {e}") from None
+    model = build_model(cfg.model)
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as e:
+        raise CheckpointError(f"checkpoint {path} does not match its config's model shape: "
+                              f"{str(e).splitlines()[0][:200]}") from None
+    record = {k: v for k, v in ckpt.items() if k not in ("model", "optimizer")}
+    return Loaded(model.to(device).eval(), None, cfg, record)
 
 
 def check_hf_config(hf, m: ModelConfig, fp: str, hf_path: Path, rec_path: Path) -> tuple[Optional[str], Path]:

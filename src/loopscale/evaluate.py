@@ -19,10 +19,11 @@ import torch
 from tqdm.auto import tqdm
 
 from . import data as D
+from .artifacts import load
 from .config import EvalConfig, RunConfig, load_eval_config
-from .io import CheckpointError, load_checkpoint
+from .io import CheckpointError
 from .linear_ce import linear_cross_entropy
-from .model import LoopedLM, build_model
+from .model import LoopedLM
 from .objective import mean_token_norm
 from .runtime import ppl, resolve_device
 
@@ -68,22 +69,6 @@ def exit_losses(model: LoopedLM, tokens, batch_size: int, max_tokens: int = 0,
     ce = (ce_sum / max(n_tok, 1)).tolist()
     return {"tokens": n_tok, "ce": ce, "ppl": [ppl(c) for c in ce],
             "norm": (norm_sum / max(n_tok, 1)).tolist()}
-
-
-def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[LoopedLM, RunConfig, dict]:
-    """Load a trained model (`model.pt` or a training `state.pt`) with its resolved config."""
-    ckpt = load_checkpoint(path, map_location=device)
-    try:
-        cfg = RunConfig.from_checkpoint(ckpt["config"])  # drops the `eval` of older checkpoints
-    except Exception as e:
-        raise CheckpointError(f"checkpoint {path} carries an invalid config: {e}") from None
-    model = build_model(cfg.model)
-    try:
-        model.load_state_dict(ckpt["model"])
-    except RuntimeError as e:
-        raise CheckpointError(f"checkpoint {path} does not match its config's model shape: "
-                              f"{str(e).splitlines()[0][:200]}") from None
-    return model.to(device).eval(), cfg, ckpt
 
 
 # ---------------------------------------------------------------------------
@@ -157,7 +142,8 @@ def open_run(model_path, data_dir, overrides: Optional[list[str]] = None, device
     model_path, data_dir = Path(model_path), Path(data_dir)
     if not model_path.is_file():  # before touching the device
         raise CheckpointError(f"checkpoint {model_path} not found; train the run first (loopscale train)")
-    model, cfg, ckpt = load_model(model_path, device="cpu")
+    model, _, cfg = got = load(model_path)
+    ckpt = got.checkpoint
     dev = resolve_device(device or ecfg.device)
     meta = D.load_meta(data_dir)
     check_data_matches(cfg, meta, model_path, data_dir, ckpt.get("data"))

@@ -17,6 +17,7 @@ from typing import Optional
 
 import torch
 
+from .artifacts import load
 from .config import ConfigError
 
 from .ouro import from_pretrained, is_hf_checkpoint, scale_sensitivity, variable_depth
@@ -27,19 +28,8 @@ from .ouro import from_pretrained, is_hf_checkpoint, scale_sensitivity, variable
 # ---------------------------------------------------------------------------
 def open_model(path: str | Path, device: str = "cpu"):
     """(model, RunConfig) of a Hugging Face Ouro directory, a loopscale run directory or a
-    model.pt/state.pt file."""
-    p = Path(path)
-    if p.is_dir() and is_hf_checkpoint(p):
-        return from_pretrained(p, device=device)
-    if p.is_dir():
-        if (p / "model.pt").is_file() and not (p / "model.safetensors").is_file():
-            p = p / "model.pt"
-        else:
-            from .artifacts import load
-            model, _, cfg = load(p, device=device)
-            return model, cfg
-    from .evaluate import load_model
-    model, cfg, _ = load_model(p, device=device)
+    model.pt/state.pt file (`loopscale.load`; no tokenizer read)."""
+    model, _, cfg = load(path, device=device, tokenizer=False)
     return model, cfg
 
 
