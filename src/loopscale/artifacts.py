@@ -192,18 +192,6 @@ def write_run_files(run_dir: str | Path, model: LoopedLM, record: dict, tokenize
     atomic_write_json(run / HF_CONFIG, hf_config(record, weights_sha256(state), tok_hash, token_ids))
 
 
-def write_artifacts(run_dir: str | Path, model: LoopedLM, cfg: RunConfig, data_dir: Optional[str | Path]) -> None:
-    """End of training: the artifact files; the run record is the one training wrote
-    (loopscale.json, or config.json in the older layout), else one built from `cfg`."""
-    run = Path(run_dir)
-    record = _existing_record(run)
-    if record is None or record.get("config") != cfg.to_dict():
-        record = {"config": cfg.to_dict(), "env": (record or {}).get("env") or {}, "data": (record or {}).get("data") or {}}
-    tok = Path(data_dir) / "tokenizer.json" if data_dir is not None else None
-    text = tok.read_bytes() if tok is not None and tok.is_file() else None
-    write_run_files(run, model, record, text)
-
-
 def _existing_record(run: Path) -> Optional[dict]:
     try:
         return read_record(run)[0]
