@@ -192,13 +192,6 @@ def write_run_files(run_dir: str | Path, model: LoopedLM, record: dict, tokenize
     atomic_write_json(run / HF_CONFIG, hf_config(record, weights_sha256(state), tok_hash, token_ids))
 
 
-def _existing_record(run: Path) -> Optional[dict]:
-    try:
-        return read_record(run)[0]
-    except CheckpointError:
-        return None
-
-
 def export_run(run_dir: str | Path, data_dir: Optional[str | Path] = None) -> list[str]:
     """Write a trained run's artifact files from its model.pt; returns the files written.
 
@@ -210,31 +203,23 @@ def export_run(run_dir: str | Path, data_dir: Optional[str | Path] = None) -> li
     if not model_pt.is_file():
         raise CheckpointError(f"{model_pt} not found: {run} is not a finished loopscale run")
     model, _, cfg = got = load(model_pt)
-    ckpt = got.checkpoint
-    record = _existing_record(run)
-    if record is not None:
-        _same_model(_run_config(record["config"], run / RECORD).model, cfg.model, run / RECORD, model_pt)
-    ck_data = ckpt.get("data") if isinstance(ckpt.get("data"), dict) else {}
-    if record is None:
+    ck_data = got.checkpoint.get("data") if isinstance(got.checkpoint.get("data"), dict) else {}
+    try:
+        record = read_record(run)[0]
+    except CheckpointError:  # none, or unreadable: model.pt's own
         record = {"config": cfg.to_dict(), "env": {}, "data": dict(ck_data)}
+    else:
+        _same_model(_run_config(record["config"], run / RECORD).model, cfg.model, run / RECORD, model_pt)
     src = Path(data_dir) / "tokenizer.json" if data_dir is not None else run / "tokenizer.json"
     if not src.is_file():
         raise FileNotFoundError(f"no tokenizer at {src}: give the run's data directory "
                                 f"(loopscale export {run} --data DATA)")
-    text = src.read_bytes()
-    have = hashlib.sha256(text).hexdigest()
-    for want, where in (((record.get("data") or {}).get("tokenizer_sha256"), "the run record"),
-                        (ck_data.get("tokenizer_sha256"), "model.pt")):
-        if want and have != want:
-            raise CheckpointError(f"{src} is not the tokenizer {run} was trained with (sha256 differs from "
-                                  f"the data.tokenizer_sha256 {where} recorded); give the run's own data directory")
-    tok = parse_tokenizer(text, src)
-    if tok.get_vocab_size(with_added_tokens=True) > cfg.model.vocab_size:
-        raise CheckpointError(f"{src} has {tok.get_vocab_size(with_added_tokens=True)} ids but the model's "
-                              f"embedding only {cfg.model.vocab_size}; give the run's own data directory")
+    load_tokenizer(src, [((record.get("data") or {}).get("tokenizer_sha256"), "the run record"),
+                         (ck_data.get("tokenizer_sha256"), "model.pt")], cfg.model.vocab_size,
+                   "give the run's own data directory")
     from .io import run_lock
     with run_lock(run, "loopscale export"):  # never beside a trainer or another writer of the run
-        write_run_files(run, model, record, text)
+        write_run_files(run, model, record, src.read_bytes())
     return [RECORD, WEIGHTS, MODELING, HF_CONFIG, *TOKENIZER_FILES]
 
 
@@ -410,8 +395,8 @@ def load(path: str | Path, device: str | torch.device = "cpu", *, tokenizer: boo
     if not weights.is_file():  # a run written before model.safetensors: its model.pt
         got = _load_checkpoint_file(run / "model.pt", device)
         if tokenizer:
-            got.tokenizer = load_tokenizer(run, [((got.checkpoint.get("data") or {}).get("tokenizer_sha256"),
-                                                  run / "model.pt")])
+            got.tokenizer = _run_tokenizer(run, [((got.checkpoint.get("data") or {}).get("tokenizer_sha256"),
+                                                  run / "model.pt")], got.config.model.vocab_size)
         return got
     record, rec_path = read_record(run)
     cfg = _run_config(record["config"], rec_path)
@@ -453,11 +438,14 @@ def load(path: str | Path, device: str | torch.device = "cpu", *, tokenizer: boo
     except RuntimeError as e:
         raise CheckpointError(f"{weights} does not match {rec_path}'s model shape: "
                               f"{str(e).splitlines()[0][:200]}") from None
-    tok = load_tokenizer(run, tok_hashes) if tokenizer else None
-    if tok is not None and tok.get_vocab_size(with_added_tokens=True) > m.vocab_size:
-        raise CheckpointError(f"{run / 'tokenizer.json'} has {tok.get_vocab_size(with_added_tokens=True)} ids "
-                              f"but the model's embedding only {m.vocab_size}: not this run's tokenizer")
-    return Loaded(model.to(device).eval(), tok, cfg)
+    return Loaded(model.to(device).eval(), _run_tokenizer(run, tok_hashes, m.vocab_size) if tokenizer else None, cfg)
+
+
+def _run_tokenizer(run: Path, recorded: list, vocab_size: int) -> Tokenizer:
+    path = run / "tokenizer.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: run `loopscale export {run} --data DATA` first")
+    return load_tokenizer(path, recorded, vocab_size)
 
 
 def _load_checkpoint_file(path: Path, device: str | torch.device) -> Loaded:
@@ -495,18 +483,21 @@ def check_hf_config(hf, m: ModelConfig, fp: str, hf_path: Path, rec_path: Path) 
     return ls.get("weights_sha256"), hf_path
 
 
-def load_tokenizer(run: Path, recorded: list[tuple[Optional[str], Path]]) -> Tokenizer:
-    """tokenizer.json, verified against every tokenizer hash the run recorded."""
-    path = run / "tokenizer.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: run `loopscale export {run} --data DATA` first")
+def load_tokenizer(path: Path, recorded: list[tuple[Optional[str], object]], vocab_size: int,
+                   fix: str = "copy back the run's own") -> Tokenizer:
+    """tokenizer.json at `path`, verified against every tokenizer hash the run recorded
+    ((hash, where) pairs) and the model's vocabulary; `fix` ends each error line."""
     text = path.read_bytes()
     have = hashlib.sha256(text).hexdigest()
     for want, where in recorded:
         if isinstance(want, str) and want and want != have:
             raise CheckpointError(f"{path} is not the tokenizer this run was trained with (sha256 differs from "
-                                  f"the data.tokenizer_sha256 {where} recorded); copy back the run's own")
-    return parse_tokenizer(text, path)
+                                  f"the data.tokenizer_sha256 {where} recorded); {fix}")
+    tok = parse_tokenizer(text, path)
+    if tok.get_vocab_size(with_added_tokens=True) > vocab_size:
+        raise CheckpointError(f"{path} has {tok.get_vocab_size(with_added_tokens=True)} ids but the model's "
+                              f"embedding only {vocab_size}: not this run's tokenizer; {fix}")
+    return tok
 
 
 # ---------------------------------------------------------------------------

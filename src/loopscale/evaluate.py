@@ -9,7 +9,6 @@ every target token is scored once), the model runs in fp32 with dropout off.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
@@ -19,7 +18,7 @@ import torch
 from tqdm.auto import tqdm
 
 from . import data as D
-from .artifacts import load
+from .artifacts import load, read_record
 from .config import EvalConfig, RunConfig, load_eval_config
 from .io import CheckpointError
 from .linear_ce import linear_cross_entropy
@@ -101,15 +100,12 @@ def check_data_matches(cfg: RunConfig, meta: dict, model_path, data_dir, recorde
     """Refuse a data directory that is not the one the run was trained on (one-line error).
 
     `recorded`: the data record inside the checkpoint (train.py writes it); without one, the
-    run's config.json beside the model file."""
+    run record beside the model file (artifacts.read_record)."""
     trained_on = recorded or None
-    run_cfg = Path(model_path).parent / "loopscale.json"  # written by train.py beside model.pt
-    if not run_cfg.is_file():
-        run_cfg = run_cfg.with_name("config.json")  # runs written before loopscale.json existed
-    if trained_on is None and run_cfg.is_file():
+    if trained_on is None:
         try:
-            trained_on = json.loads(run_cfg.read_text()).get("data") or None
-        except (json.JSONDecodeError, OSError, AttributeError):
+            trained_on = read_record(Path(model_path).parent)[0].get("data") or None
+        except CheckpointError:
             trained_on = None
     here = meta.get("vocab_size")
     ours = (trained_on or {}).get("vocab_size")

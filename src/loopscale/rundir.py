@@ -76,9 +76,9 @@ def same_settings(ck: dict, cfg: RunConfig, extra: dict | None = None) -> bool:
 
 
 class SigtermFlag:
-    """Turns SIGTERM (SLURM preemption / time limit) into a flag checked between steps: both
-    trainers (`loopscale train`, `loopscale train-stream`) run their loop under it and call
-    `stop_if_raised` after every optimiser step."""
+    """Turns SIGTERM (SLURM preemption / time limit) into a flag checked between steps: the
+    training loop (`loopscale.train.fit`) runs under it and calls `stop_if_raised` after every
+    optimiser step."""
 
     def __init__(self):
         self.raised = False

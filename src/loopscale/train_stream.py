@@ -20,14 +20,23 @@ default none), and the schedule counts optimiser steps (the official counts micr
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import logging
 import math
 from pathlib import Path
 from typing import Optional
 
-from .config import ConfigError, RunConfig, merge, parse_overrides, resolve
+import torch
+
+from . import data as D
+from . import distributed as DD
+from .artifacts import RECORD
+from .config import ConfigError, RunConfig, merge, parse_overrides, read_yaml, resolve
 from .fineweb import ChunkStream, StreamConfig, load_tokenizer
+from .io import CheckpointError
+from .rundir import drop_stale, result_fingerprint, run_directory, stop_with_parent
+from .train import LoopSettings, fit
 
 logger = logging.getLogger("loopscale.train")  # the trainers' messages, one logger
 
@@ -44,8 +53,6 @@ def cosine_lr(step: int, warmup: int, total: int, lr: float, min_lr: float) -> f
 def _recorded_fingerprint(out: Path) -> Optional[str]:
     """The result fingerprint of the streamed run recorded in out/loopscale.json (its config and
     stream settings), for a summary.json written before train-stream recorded one."""
-    from .artifacts import RECORD
-    from .rundir import result_fingerprint
     try:
         rec = json.loads((out / RECORD).read_text())
         return result_fingerprint(rec["config"], rec["stream"])
@@ -56,9 +63,6 @@ def _recorded_fingerprint(out: Path) -> Optional[str]:
 def check_val_data(val_data: str | Path, tok, vocab_size: int, where: str) -> None:
     """--val-data must be tokenised with the stream's tokenizer (the hash prepared data records,
     `data.prepare_data`) and fit the model's vocabulary: one ConfigError line otherwise."""
-    import hashlib
-
-    from . import data as D
     want = hashlib.sha256(tok.to_str(pretty=True).encode("utf-8")).hexdigest()
     why = D.tokenizer_mismatch(D.load_meta(val_data), want, vocab_size)
     if why:
@@ -74,7 +78,6 @@ class Stream:
     the same tokenizer."""
 
     def __init__(self, s: StreamConfig, cfg: RunConfig, val_data: Optional[str | Path] = None):
-        from . import data as D
         tc, mc = cfg.train, cfg.model
         self.s, self.cfg, self.tok = s, cfg, load_tokenizer(s.tokenizer)
         if self.tok.get_vocab_size() > mc.vocab_size:
@@ -90,8 +93,6 @@ class Stream:
         self.tokenizer_json = self.tok.to_str(pretty=True).encode("utf-8")
 
     def start(self, dd, state: Optional[dict]) -> None:
-        from . import distributed as DD
-        from .io import CheckpointError
         consumed = list(state.get("consumed") or []) if state is not None else [0] * dd.world
         if len(consumed) != dd.world:
             raise CheckpointError(f"state.pt was written by {len(consumed)} ranks, this job has {dd.world}: the "
@@ -108,7 +109,6 @@ class Stream:
             yield b[:, :-1], b[:, 1:]
 
     def position(self) -> dict:
-        from . import distributed as DD
         return {"consumed": DD.gather(self.stream.consumed, self.dd)}
 
     def summary(self) -> dict:
@@ -128,8 +128,6 @@ def train_stream(cfg: RunConfig, s: StreamConfig, out_dir: str | Path, *, val_da
     returned as it is, one of other settings refused, unless `resume` is False.
     `drop_stale_state`: a state.pt of other settings (config or stream) is deleted, once the
     directory is locked, instead of refused."""
-    from .rundir import drop_stale, result_fingerprint, run_directory
-
     tc = cfg.train
     if not tc.max_steps:
         raise ConfigError("train.max_steps is required for a streamed run (a stream has no epochs)")
@@ -143,9 +141,6 @@ def train_stream(cfg: RunConfig, s: StreamConfig, out_dir: str | Path, *, val_da
                        drop_stale=(lambda o: drop_stale(o, cfg, stream)) if drop_stale_state else None) as done:
         if done is not None:
             return done
-        import torch
-
-        from .train import LoopSettings, fit
         # the official trainer's settings; under FSDP every rank validates (its forward needs them all)
         settings = LoopSettings(fused_adamw=False, dtype=torch.bfloat16 if s.pure_bf16 else None,
                                 model_schedule=False, validate_every_rank=tc.fsdp)
@@ -158,26 +153,22 @@ def train_stream(cfg: RunConfig, s: StreamConfig, out_dir: str | Path, *, val_da
 # ---------------------------------------------------------------------------
 def cmd_train_stream(args) -> int:
     from .cli import train_or_record
-    from .distributed import env_world
-
     run_sets = [o for o in args.overrides if not o.startswith("stream.")]
     stream_sets = parse_overrides([o for o in args.overrides if o.startswith("stream.")]).get("stream", {})
     cfg = resolve(args.config, args.preset, run_sets)
     base = dataclasses.asdict(StreamConfig())
     if args.stream_config:  # a file of stream settings (the pipeline's RUN/stream.yaml)
-        from .config import read_yaml
         given = read_yaml(args.stream_config)
         if not isinstance(given, dict):
             raise ConfigError(f"{args.stream_config}: must hold a mapping of stream settings")
         base = merge(base, given.get("stream", given), "stream")
     s = StreamConfig.from_dict(merge(base, stream_sets, "stream"))
     if args.stop_with_parent:
-        from .rundir import stop_with_parent
         stop_with_parent()
     summary = train_or_record(cfg, args, lambda: train_stream(cfg, s, args.out, val_data=args.val_data,
                                                               resume=not args.no_resume, progress=not args.quiet,
                                                               drop_stale_state=args.drop_stale_state))
-    if summary is not None and env_world()[0] == 0:
+    if summary is not None and DD.env_world()[0] == 0:
         print(json.dumps({k: summary[k] for k in ("status", "steps", "tokens")}))
     return 0
 
