@@ -270,11 +270,6 @@ def _same_model(a: ModelConfig, b: ModelConfig, where_a, where_b) -> None:
                                   f"the run's files disagree (edited or mixed); re-export the run")
 
 
-def expected_shapes(m: ModelConfig) -> dict[str, tuple]:
-    """Every tensor of LoopedLM(m) with its shape, from a meta-device model (no memory)."""
-    return {k: shape for k, (shape, _) in expected_tensors(m).items()}
-
-
 def expected_tensors(m: ModelConfig) -> dict[str, tuple]:
     """Every tensor of LoopedLM(m): (shape, dtype), from a meta-device model (no memory)."""
     with torch.device("meta"):

@@ -150,9 +150,7 @@ def open_run(model_path, data_dir, overrides: Optional[list[str]] = None, device
         if len(tokens) < cfg.model.seq_len + 1:
             raise D.DataError(f"the validation split of {data_dir} has {len(tokens)} tokens, fewer than one "
                               f"window of seq_len+1 = {cfg.model.seq_len + 1} of checkpoint {model_path}")
-    model = model.to(dev).float().eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
+    model = model.to(dev).float().eval().requires_grad_(False)
     return EvalRun(model=model, cfg=cfg, ecfg=ecfg, tokens=tokens, device=dev, step=ckpt.get("step"),
                    status=status, model_path=model_path, data_dir=data_dir, progress=progress)
 
@@ -170,9 +168,7 @@ def tokens_run(model: LoopedLM, cfg: RunConfig, tokens, eval_config: Optional[Ev
         raise D.DataError(f"{source}: token ids must lie in [0, {cfg.model.vocab_size}) (the model's vocabulary), "
                           f"got {int(tokens.min())}..{int(tokens.max())}")
     dev = resolve_device(str(device))
-    model = model.to(dev).float().eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
+    model = model.to(dev).float().eval().requires_grad_(False)
     return EvalRun(model=model, cfg=cfg, ecfg=eval_config or EvalConfig(), tokens=tokens, device=dev, step=None,
                    status="ok", model_path=Path(source), data_dir=Path(source), progress=progress)
 

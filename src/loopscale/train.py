@@ -1,7 +1,7 @@
 """The one training loop, `fit`: AdamW over a batch source and a learning-rate schedule,
 resumable, crash-safe.
 
-A batch source is a small class with one interface (`TokenFiles`): `TokenFiles` reads a prepared
+A batch source is a small class with one interface (`BatchSource`): `TokenFiles` reads a prepared
 data directory (`loopscale train`, constant learning rate), `loopscale.train_stream.Stream` a
 streamed corpus (`loopscale train-stream`, Appendix B's cosine schedule). `LoopSettings` holds
 what the two entry points run differently. Files written into the run directory:
@@ -180,22 +180,42 @@ def global_mean(res: LossOutput, dd: DD.Dist) -> LossOutput:
 # ---------------------------------------------------------------------------
 # batch sources and the loop's settings
 # ---------------------------------------------------------------------------
-class TokenFiles:
-    """The batches of a prepared data directory: windows of its train split, in an order that
-    is a function of (seed, epoch) only.
-
-    The interface every batch source of `fit` has:
+class BatchSource:
+    """What `fit` trains on: this rank's batches of every step, and what the run records of them.
+    Two small subclasses: `TokenFiles` (below) and `loopscale.train_stream.Stream`.
       total_steps     optimiser steps of the run
       record          what the run record and every checkpoint say about the data ({"data": ...})
-      settings        entries a state.pt must hold to be resumed (a stream's settings; here none)
+      settings        entries a state.pt must hold to be resumed (a stream's settings)
       validation      validation tokens, or None
-      tokenizer_json  the tokenizer's bytes for the run's artifact, or None
-      start(dd, state)  places the source for this rank; `state`: the state.pt resumed, or None
-      batches(step)   this rank's (x, y) of every step from `step` on
-      position()      what a checkpoint records of the source's position (every rank calls it)
-      summary()       what summary.json reports of the source"""
+      tokenizer_json  the tokenizer's bytes for the run's artifact, or None"""
 
+    total_steps: int
+    record: dict
     settings: dict = {}
+    validation: Optional[np.ndarray] = None
+    tokenizer_json: Optional[bytes] = None
+    dd: DD.Dist = DD.Dist()
+
+    def start(self, dd: DD.Dist, state: Optional[dict]) -> None:
+        """Place the source for this rank; `state`: the record of the state.pt resumed, or None."""
+        self.dd = dd
+
+    def batches(self, step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This rank's (x, y) of every step from `step` on."""
+        raise NotImplementedError
+
+    def position(self) -> dict:
+        """What a checkpoint records of the source's position (a collective: every rank calls it)."""
+        return {}
+
+    def summary(self) -> dict:
+        """What summary.json reports of the source."""
+        return {}
+
+
+class TokenFiles(BatchSource):
+    """The batches of a prepared data directory: windows of its train split, in an order that
+    is a function of (seed, epoch) only (the position is the step itself)."""
 
     def __init__(self, data_dir: str | Path, cfg: RunConfig):
         tc, mc = cfg.train, cfg.model
@@ -220,10 +240,6 @@ class TokenFiles:
         tok = Path(data_dir) / "tokenizer.json"
         self.tokenizer_json = tok.read_bytes() if tok.is_file() else None
         self.seed, self.batch_size, self.seq_len = tc.seed, tc.batch_size, mc.seq_len
-        self.dd = DD.Dist()
-
-    def start(self, dd: DD.Dist, state: Optional[dict]) -> None:
-        self.dd = dd  # the position is the step itself
 
     def batches(self, step: int) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         perm_epoch = -1
@@ -234,12 +250,6 @@ class TokenFiles:
             batch = perm[i * self.batch_size:(i + 1) * self.batch_size]  # the global batch
             yield D.get_batch(self.tokens, self.starts[DD.shard(batch, self.dd.rank, self.dd.world)], self.seq_len)
             step += 1
-
-    def position(self) -> dict:
-        return {}
-
-    def summary(self) -> dict:
-        return {}
 
 
 @dataclass(frozen=True)
@@ -272,9 +282,9 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
         return fit(cfg, TokenFiles(data_dir, cfg), Path(out_dir), fp, resume=resume, progress=progress)
 
 
-def fit(cfg: RunConfig, source, out: Path, fingerprint: str, *, lr: Optional[Callable[[int], float]] = None,
+def fit(cfg: RunConfig, source: BatchSource, out: Path, fingerprint: str, *, lr: Optional[Callable[[int], float]] = None,
         resume: bool = True, progress: bool = True, settings: LoopSettings = LoopSettings()) -> dict:
-    """Train `cfg` on the batch source `source` (TokenFiles' interface) into the run directory
+    """Train `cfg` on the batches of `source` into the run directory
     `out`, locked by the caller (rundir.run_directory), and return the summary (summary.json).
     `lr(step)`: the learning rate of the 1-based optimiser step (default: train.lr throughout);
     `fingerprint`: the run's result fingerprint (rundir.result_fingerprint); `resume`: continue
@@ -373,7 +383,7 @@ def fit(cfg: RunConfig, source, out: Path, fingerprint: str, *, lr: Optional[Cal
     return summary
 
 
-def _start(out: Path, cfg: RunConfig, source, model: LoopedLM, opt, dd: DD.Dist, resume: bool,
+def _start(out: Path, cfg: RunConfig, source: BatchSource, model: LoopedLM, opt, dd: DD.Dist, resume: bool,
            total: int) -> tuple[int, float, Optional[dict]]:
     """Resume from state.pt (`resume`) or start over; either way what an earlier run of the
     directory left is removed first (rundir.invalidate_outputs). Then rank 0 writes the run

@@ -36,7 +36,7 @@ from .config import ConfigError, RunConfig, merge, parse_overrides, read_yaml, r
 from .fineweb import ChunkStream, StreamConfig, load_tokenizer
 from .io import CheckpointError
 from .rundir import drop_stale, result_fingerprint, run_directory, stop_with_parent
-from .train import LoopSettings, fit
+from .train import BatchSource, LoopSettings, fit
 
 logger = logging.getLogger("loopscale.train")  # the trainers' messages, one logger
 
@@ -70,8 +70,8 @@ def check_val_data(val_data: str | Path, tok, vocab_size: int, where: str) -> No
                           f"`loopscale prepare-data --tokenizer` and the stream's tokenizer.json")
 
 
-class Stream:
-    """The batches of a streamed corpus (the interface of `loopscale.train.TokenFiles`): each
+class Stream(BatchSource):
+    """The batches of a streamed corpus (a `loopscale.train.BatchSource`): each
     rank reads its share of the chunks of stream `s`, `train.batch_size / world` windows of
     seq_len+1 tokens a step; a checkpoint records how many chunks every rank consumed, and a
     resumed stream skips exactly those. Validation (optional) on a prepared data directory of
@@ -103,7 +103,7 @@ class Stream:
         if state is not None:
             logger.info("the stream resumes after %d chunks consumed per rank", consumed[dd.rank])
 
-    def batches(self, step: int):
+    def batches(self, step: int):  # the stream is where start() placed it
         while True:
             b = self.stream.batch(self.per_rank)
             yield b[:, :-1], b[:, 1:]
