@@ -176,7 +176,6 @@ def global_mean(res: LossOutput, dd: DD.Dist) -> LossOutput:
     return LossOutput(flat[0], flat[2:2 + K], flat[2 + K:], flat[1])
 
 
-
 # ---------------------------------------------------------------------------
 # batch sources and the loop's settings
 # ---------------------------------------------------------------------------
