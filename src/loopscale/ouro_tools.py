@@ -26,13 +26,6 @@ from .ouro import from_pretrained, is_hf_checkpoint, scale_sensitivity, variable
 # ---------------------------------------------------------------------------
 # command line: loopscale ouro-depth / ouro-scale
 # ---------------------------------------------------------------------------
-def open_model(path: str | Path, device: str = "cpu"):
-    """(model, RunConfig) of a Hugging Face Ouro directory, a loopscale run directory or a
-    model.pt/state.pt file (`loopscale.load`; no tokenizer read)."""
-    model, _, cfg = load(path, device=device, tokenizer=False)
-    return model, cfg
-
-
 def import_hf(path: str | Path, out_dir: str | Path, seq_len: int = 2048, force: bool = False) -> Path:
     """A Hugging Face Ouro checkpoint as a loopscale run directory (model.pt, the artifact files of
     `artifacts.write_run_files`: loopscale.json, model.safetensors, config.json and the tokenizer
@@ -162,7 +155,8 @@ def _cmd(args, what: str) -> int:
         print(json.dumps(result))
         return 0
     device = resolve_device(args.device)
-    model, cfg = open_model(args.model, device=str(device))
+    # a Hugging Face Ouro directory, a loopscale run directory or a model.pt/state.pt file
+    model, _, cfg = load(args.model, device=str(device), tokenizer=False)
     check_data_tokenizer(args.model, args.data, cfg.model.vocab_size)
     seq = args.seq_len or cfg.model.seq_len
     windows = eval_windows(args.data, seq, args.windows, args.split)
