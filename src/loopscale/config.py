@@ -773,7 +773,7 @@ def validate(cfg: RunConfig) -> None:
 
 def _check_arch(cfg: RunConfig) -> None:
     """The settings each architecture allows (registry.ARCHS)."""
-    m, o = cfg.model, cfg.objective
+    m = cfg.model
     readout = registry.READOUTS[m.readout]
     if not readout.applies_to(m.arch):
         raise ConfigError(f"model.readout {m.readout!r} is not a readout of model.arch={m.arch} (it is one of "

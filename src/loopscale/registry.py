@@ -2,8 +2,9 @@
 
 One registry per axis of a training condition (readouts, losses, regularizers,
 recurrences), one of the diagnostics, and the one `Condition` type: a point of the
-condition grid with its id (the run directory name), its label (the paper's wording), its
-place in the canonical order of tables and its colour, line style and marker in figures.
+condition grid with its id (the run directory name), its label (the paper's wording) and its
+place in the canonical order of tables. How a condition is drawn (colour, line style, marker)
+is loopscale.report.styles'.
 
 Everything else reads these: the allowed values of `loopscale.config`, the values params.yaml
 may give (checked by `loopscale.pipeline`), the pipeline's wildcards,
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Optional
 
 PAPER_PENALTY_WEIGHT = 0.01  # λ of the norm penalty in the paper (Table 1)
 OTHER = 99  # order of entries that do not set one: after the paper's
@@ -44,8 +45,6 @@ class Readout:
     final_norm: Optional[str]
     description: str
     order: int = OTHER  # place among readouts in the report (after the canonical conditions)
-    linestyle: Union[str, tuple] = "-"  # matplotlib line style of its conditions
-    marker: str = "x"
     archs: tuple = ("looped",)
     per_loop: bool = False
 
@@ -94,46 +93,33 @@ class Axis:
     order: int = OTHER
 
 
-_OKABE_ITO = {"black": "#000000", "orange": "#E69F00", "sky_blue": "#56B4E9", "bluish_green": "#009E73",
-              "yellow": "#F0E442", "blue": "#0072B2", "vermillion": "#D55E00", "reddish_purple": "#CC79A7",
-              "grey": "#999999"}
-# Paul Tol's colour-blind-safe "muted" colours that no Okabe–Ito colour is close to
-_TOL_MUTED = {"olive": "#999933", "wine": "#882255", "indigo": "#332288", "teal": "#44AA99", "sand": "#DDCC77"}
-# the colours of the registered conditions, in CANONICAL's order (one each, no two alike:
-# tests/test_registry.py checks their CIELAB distances), then those the other conditions cycle through
-PALETTE = tuple({**_OKABE_ITO, **_TOL_MUTED}[c] for c in (
-    "black", "grey", "vermillion", "blue", "bluish_green", "yellow", "reddish_purple", "olive", "sky_blue", "wine",
-    "orange", "indigo", "teal", "sand"))
-
 READOUTS: dict[str, Readout] = {r.name: r for r in (
     Readout("rmsnorm", "RMSNorm readout", "rmsnorm", "rmsnorm",
-            "RMSNorm at every exit: scale-invariant, the loss cannot see ‖H_k‖", 0, "-", "o",
+            "RMSNorm at every exit: scale-invariant, the loss cannot see ‖H_k‖", 0,
             archs=("looped", "ouro")),
     Readout("layernorm", "LayerNorm readout", "layernorm", "layernorm",
-            "LayerNorm (no bias) at every exit: scale-invariant", 3, "-.", "D"),
+            "LayerNorm (no bias) at every exit: scale-invariant", 3),
     Readout("raw", "raw readout", None, None,
-            "the raw state at every exit, r(H) = H: the loss sees the scale", 1, "--", "s"),
+            "the raw state at every exit, r(H) = H: the loss sees the scale", 1),
     Readout("final_norm", "final-only norm", None, "rmsnorm",
-            "final-only norm: the raw state at exits k < K, RMSNorm at exit K only", 2, (0, (3, 1, 1, 1, 1, 1)), "^"),
+            "final-only norm: the raw state at exits k < K, RMSNorm at exit K only", 2),
     # the official release's other readouts (model.decode_norm_type; loopscale.readouts)
     Readout("alpha_readout", "alpha readout", "alpha", "alpha",
-            "s_ref^(1-α)·s^α·u, s = RMS(H), u = H/s: between a constant scale (α=0) and raw (α=1)",
-            linestyle=(0, (1, 1)), marker="v"),
+            "s_ref^(1-α)·s^α·u, s = RMS(H), u = H/s: between a constant scale (α=0) and raw (α=1)"),
     Readout("tapernorm", "TaperNorm readout", "taper", "taper",
-            "gate·RMSNorm(H) + (1-gate)·c·H·w, gate 1 -> 0 over training (cosine): ends sample-independent",
-            linestyle=(0, (5, 2)), marker="P"),
+            "gate·RMSNorm(H) + (1-gate)·c·H·w, gate 1 -> 0 over training (cosine): ends sample-independent"),
     # the Ouro track's (Appendix B; official src/train_ouro_from_scratch_ddp.py): there the step
     # norm model.norm is also what step k+1 receives, so `exit_norm` doubles as the recurrence;
     # "rmsnorm" above is the published per-step norm
     Readout("final_raw", "final-step raw readout", "rmsnorm", None,
             "model.norm at steps k < K, the raw state at step K (the official ConditionalNorm, --no-readout-norm)",
-            OTHER + 1, ":", archs=("ouro",)),
+            OTHER + 1, archs=("ouro",)),
     Readout("final_alpha", "final-step alpha readout", "rmsnorm", "alpha",
             "model.norm at steps k < K, an alpha readout at step K (the official ConditionalAlphaReadout, "
-            "--alpha-readout)", OTHER + 1, ":", archs=("ouro",)),
+            "--alpha-readout)", OTHER + 1, archs=("ouro",)),
     Readout("per_loop_alpha", "per-loop alpha readout", "alpha", "alpha",
             "an alpha readout of its own at every step, also fed to the next step (the official "
-            "PerLoopAlphaReadout, --alpha-readout --per-loop-alpha)", OTHER + 1, ":", archs=("ouro",), per_loop=True),
+            "PerLoopAlphaReadout, --alpha-readout --per-loop-alpha)", OTHER + 1, archs=("ouro",), per_loop=True),
 )}  # (the Ouro track's readouts come after every other one in tables, among themselves by name)
 
 
@@ -219,9 +205,7 @@ DIAGNOSTICS: dict[str, Diagnostic] = {d.name: d for d in (
 # the condition
 # ---------------------------------------------------------------------------
 # The paper's seven Table-1 conditions in the paper's order, then loopscale's additions:
-# the canonical order of tables; each condition's colour is the palette's colour at its place
-# (PALETTE), so every registered condition has its own. Line style and marker come from the
-# readout, so RMSNorm and LayerNorm lines differ in those too.
+# the canonical order of tables (and of the figures' colours: loopscale.report.styles).
 CANONICAL_BASES: tuple[tuple[str, str, str, str], ...] = (
     ("rmsnorm", "terminal", "none", "residual"),
     ("raw", "terminal", "none", "residual"),
@@ -234,9 +218,6 @@ CANONICAL_BASES: tuple[tuple[str, str, str, str], ...] = (
     ("rmsnorm", "per_loop", "none", "inter_loop_norm"),
     ("layernorm", "terminal", "none", "residual"),
 )
-assert len(CANONICAL_BASES) <= len(PALETTE)
-CANONICAL: tuple[tuple[tuple[str, str, str, str], str], ...] = tuple(zip(CANONICAL_BASES, PALETTE))
-_CANONICAL_BASES = tuple(b for b, _ in CANONICAL)
 
 
 def _order(registry: dict, name: str) -> int:
@@ -323,34 +304,14 @@ class Condition:
             parts.append(rec)
         return " + ".join(parts)
 
-    # -- order and style ---------------------------------------------------------------------
+    # -- order ---------------------------------------------------------------------
     def sort_key(self) -> tuple:
         """Canonical conditions first, in the paper's order; then by loss, readout,
         regularizer and recurrence order."""
-        if self.base in _CANONICAL_BASES:
-            return (0, _CANONICAL_BASES.index(self.base), self.penalty_weight)
+        if self.base in CANONICAL_BASES:
+            return (0, CANONICAL_BASES.index(self.base), self.penalty_weight)
         return (1, _order(LOSSES, self.loss), _order(READOUTS, self.readout), _order(REGULARIZERS, self.regularizer),
                 _order(RECURRENCES, self.recurrence), self.penalty_weight, self.base)
-
-    @property
-    def colour(self) -> str:
-        if self.base in _CANONICAL_BASES and self.paper_penalty:
-            return CANONICAL[_CANONICAL_BASES.index(self.base)][1]
-        # the other conditions: the palette's colours after the canonical ones, cycled
-        others = [b for b in _all_bases() if b not in _CANONICAL_BASES]
-        i = others.index(self.base) if self.base in others else len(others)
-        i += 0 if self.paper_penalty else int(round(self.penalty_weight * 1000))
-        return PALETTE[(len(CANONICAL) + i) % len(PALETTE)]
-
-    @property
-    def linestyle(self) -> Union[str, tuple]:
-        r = self.readout_spec
-        return r.linestyle if r is not None else ":"
-
-    @property
-    def marker(self) -> str:
-        r = self.readout_spec
-        return r.marker if r is not None else "x"
 
 
 def condition(readout: str, loss: str, regularizer: str = "none", recurrence: str = "residual",
@@ -359,7 +320,7 @@ def condition(readout: str, loss: str, regularizer: str = "none", recurrence: st
     return Condition.of(readout, loss, regularizer, recurrence, penalty_weight)
 
 
-def _all_bases() -> list[tuple]:
+def all_bases() -> list[tuple]:
     """Every point of the full grid, in report order (loss, readout, regularizer, recurrence),
     one architecture's grid after the other's (a readout of several is in the first one's)."""
     rd, ls, rg, rc = (sorted(axis_registry(a).values(), key=lambda e: e.order) for a in AXES)
