@@ -291,28 +291,19 @@ def bench_generation(model: LoopedLM, run_dir: Optional[str | Path] = None, new_
     return {"prompt_tokens": prompt_len, "new_tokens": new_tokens, "batch_size": 1, "rows": rows}
 
 
-def bench_generation_cli(run_dir: str, new_tokens: int, device: str, threads: Optional[int],
-                         out: Optional[str]) -> int:
-    """`loopscale bench --generate RUN`: print the table, write the JSON to `out`."""
+def bench_generation_of_run(run_dir: str | Path, new_tokens: int, device: str = "cpu",
+                            threads: Optional[int] = None) -> dict:
+    """`loopscale bench --generate RUN`: bench_generation of the run's model on `device`
+    (with `threads` torch CPU threads), with the run, device and thread count recorded."""
     from .artifacts import load
-    from .io import atomic_write_json
     from .runtime import resolve_device
     check_new_tokens(new_tokens, "--new-tokens", 1)
     resolve_device(device)  # one line for a device this machine lacks
     if threads:
         torch.set_num_threads(threads)
     model, _, cfg = load(run_dir, device=device)
-    r = {"run": str(run_dir), "device": device, "threads": torch.get_num_threads(),
-         **bench_generation(model, run_dir, new_tokens=new_tokens, cfg=cfg)}
-    print(f"generation  {r['new_tokens']} new tokens after a {r['prompt_tokens']}-token prompt, greedy, "
-          f"KV cache, batch 1, {device}, {r['threads']} threads")
-    for row in r["rows"]:
-        tau = f" (τ={row['threshold']:.3g})" if row["threshold"] is not None else ""
-        print(f"  {row['name'] + tau:28s} {row['tok_per_s']:8.1f} tok/s   mean loops/token {row['mean_loops']:.2f}")
-    if out:
-        atomic_write_json(out, r)
-        print(f"wrote {out}")
-    return 0
+    return {"run": str(run_dir), "device": device, "threads": torch.get_num_threads(),
+            **bench_generation(model, run_dir, new_tokens=new_tokens, cfg=cfg)}
 
 
 def generate_from_run(run, prompt: str, max_new_tokens: int = 40, loops: Optional[int] = None,

@@ -1,5 +1,4 @@
-"""Command-line tools of the Ouro track: import a published checkpoint as a run directory,
-and Appendix B's variable-depth and scale-sensitivity evaluations on any Ouro model.
+"""The Ouro track's tools: import a published checkpoint as a run directory, and Appendix B's variable-depth and scale-sensitivity evaluations on any Ouro model.
 
   loopscale ouro-import DIR --out RUN     a Hugging Face Ouro checkpoint as a loopscale run
   loopscale ouro-depth  --model M --data DATA [--max-k 8]        PPL at K = 1..max-k
@@ -7,7 +6,8 @@ and Appendix B's variable-depth and scale-sensitivity evaluations on any Ouro mo
   loopscale ouro-downstream --run RUN --tasks piqa,arc_easy,... [--loops 1,2,4,8] --out FILE
                                           multiple choice through lm-eval (acc, acc_norm)
 
-M: a Hugging Face Ouro directory, a run directory or a model.pt (see docs/ouro.md).
+M: a Hugging Face Ouro directory, a run directory or a model.pt (see docs/ouro.md). The
+commands' argument handling is loopscale.cli.models.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from .ouro import from_pretrained, is_hf_checkpoint, scale_sensitivity, variable
 
 
 # ---------------------------------------------------------------------------
-# command line: loopscale ouro-depth / ouro-scale
+# loopscale ouro-import, ouro-depth, ouro-scale
 # ---------------------------------------------------------------------------
 def import_hf(path: str | Path, out_dir: str | Path, seq_len: int = 2048, force: bool = False) -> Path:
     """A Hugging Face Ouro checkpoint as a loopscale run directory (model.pt, the artifact files of
@@ -129,48 +129,37 @@ def run_status(path: str | Path) -> str:
         return "completed"
 
 
-def check_eval_args(args, what: str) -> None:
-    """ouro-depth / ouro-scale arguments against config.LIMITS, before a model is read."""
-    from .config import LIMITS, NON_NEGATIVE, Range, bounded, check_arg
-    check_arg("--batch-size", args.batch_size, bounded("batch_size"))
-    check_arg("--windows", args.windows, NON_NEGATIVE)
-    check_arg("--seq-len", args.seq_len, Range(0, LIMITS["seq_len"]))
-    if what == "depth":
-        check_arg("--max-k", args.max_k, bounded("eval_loops"))
-    else:
-        for c in args.scales:
-            check_arg("--scales", c, Range(), integer=False)
-
-
-def _cmd(args, what: str) -> int:
+def ouro_evaluation(model_path: str | Path, data_dir: str | Path, what: str, *, seq_len: int = 0,
+                    windows: int = 16, split: str = "validation", batch_size: int = 2, device: str = "auto",
+                    max_k: int = 8, scales=(0.25, 0.5, 1.0, 2.0, 4.0, 8.0),
+                    out: Optional[str | Path] = None) -> dict:
+    """Appendix B's variable-depth (`what` "depth": CE/PPL at K = 1..max_k) or scale-sensitivity
+    ("scale": CE of r(c·H_K) for each c in `scales`) evaluation of a model on a prepared data
+    directory's split; a failed or diverged run gets a result that says so (the grid completes).
+    Written to `out` (atomic JSON) when given."""
     from .io import atomic_write_json
     from .runtime import resolve_device
-    check_eval_args(args, what)
-    status = run_status(args.model)
-    if status != "completed":  # a failed or diverged run: a result that says so (the grid completes)
-        result = {"evaluation": f"ouro-{what}", "model": str(args.model), "data": str(args.data),
+    status = run_status(model_path)
+    if status != "completed":
+        result = {"evaluation": f"ouro-{what}", "model": str(model_path), "data": str(data_dir),
                   "status": status, "rows": []}
-        if args.out:
-            atomic_write_json(args.out, result)
-        print(json.dumps(result))
-        return 0
-    device = resolve_device(args.device)
-    # a Hugging Face Ouro directory, a loopscale run directory or a model.pt/state.pt file
-    model, _, cfg = load(args.model, device=str(device), tokenizer=False)
-    check_data_tokenizer(args.model, args.data, cfg.model.vocab_size)
-    seq = args.seq_len or cfg.model.seq_len
-    windows = eval_windows(args.data, seq, args.windows, args.split)
-    if what == "depth":
-        rows = variable_depth(model, windows, range(1, args.max_k + 1), args.batch_size)
     else:
-        rows = scale_sensitivity(model, windows, args.scales, args.batch_size)
-    result = {"evaluation": f"ouro-{what}", "model": str(args.model), "data": str(args.data), "status": "ok",
-              "split": args.split, "readout": cfg.model.readout, "k_train": cfg.model.n_loops, "seq_len": seq,
-              "tokens": int(windows[:, 1:].numel()), "rows": rows}
-    if args.out:
-        atomic_write_json(args.out, result)
-    print(json.dumps(result))
-    return 0
+        dev = resolve_device(device)
+        # a Hugging Face Ouro directory, a loopscale run directory or a model.pt/state.pt file
+        model, _, cfg = load(model_path, device=str(dev), tokenizer=False)
+        check_data_tokenizer(model_path, data_dir, cfg.model.vocab_size)
+        seq = seq_len or cfg.model.seq_len
+        w = eval_windows(data_dir, seq, windows, split)
+        if what == "depth":
+            rows = variable_depth(model, w, range(1, max_k + 1), batch_size)
+        else:
+            rows = scale_sensitivity(model, w, scales, batch_size)
+        result = {"evaluation": f"ouro-{what}", "model": str(model_path), "data": str(data_dir), "status": "ok",
+                  "split": split, "readout": cfg.model.readout, "k_train": cfg.model.n_loops, "seq_len": seq,
+                  "tokens": int(w[:, 1:].numel()), "rows": rows}
+    if out:
+        atomic_write_json(out, result)
+    return result
 
 
 # ---------------------------------------------------------------------------
@@ -238,75 +227,17 @@ def downstream(run: str | Path, tasks: list[str], loops: Optional[list[int]] = N
             "limit": limit, "k_train": lm.cfg.model.n_loops, "readout": lm.cfg.model.readout, "rows": rows}
 
 
-def cmd_downstream(args) -> int:
+def downstream_of_run(run: str | Path, tasks: list[str], loops: Optional[list[int]] = None, limit: int = 0,
+                      include_path: Optional[str] = None, per_token_norm: bool = False, batch_size: int = 8,
+                      device: str = "cpu", out: Optional[str | Path] = None) -> dict:
+    """`downstream` of a completed run; a failed or diverged one gets a result that says so.
+    Written to `out` (atomic JSON) when given."""
     from .io import atomic_write_json
-    tasks = [t for t in args.tasks.split(",") if t]
-    if not tasks:
-        raise ConfigError("--tasks: give one or more lm-eval task names, comma-separated")
-    try:
-        loops = [int(k) for k in args.loops.split(",") if k] if args.loops else None
-    except ValueError:
-        raise ConfigError(f"--loops must be comma-separated integers, got {args.loops!r}") from None
-    if loops and min(loops) < 1:
-        raise ConfigError(f"--loops must be >= 1, got {args.loops!r}")
-    if args.limit < 0:
-        raise ConfigError(f"--limit must be >= 0, got {args.limit}")
-    status = run_status(args.run)
+    status = run_status(run)
     if status != "completed":
-        result = {"evaluation": "ouro-downstream", "run": str(args.run), "status": status, "rows": []}
+        result = {"evaluation": "ouro-downstream", "run": str(run), "status": status, "rows": []}
     else:
-        result = downstream(args.run, tasks, loops, args.limit, args.include_path, args.per_token_norm,
-                            args.batch_size, args.device)
-    if args.out:
-        atomic_write_json(args.out, result)
-    print(json.dumps(result))
-    return 0
-
-
-def cmd_import(args) -> int:
-    out = import_hf(args.checkpoint, args.out, seq_len=args.seq_len, force=args.force)
-    print(f"wrote the run directory {out} (loopscale eval ... --model {out / 'model.pt'})")
-    return 0
-
-
-def add_cli(subparsers) -> None:
-    p = subparsers.add_parser("ouro-downstream", help="multiple-choice accuracy (acc, acc_norm) of a run through "
-                                                      "lm-evaluation-harness (Appendix B's downstream table)")
-    p.add_argument("--run", required=True, help="a run directory (or an imported Hugging Face Ouro checkpoint)")
-    p.add_argument("--tasks", required=True, help="lm-eval task names, comma-separated (piqa,arc_easy,...)")
-    p.add_argument("--loops", default="", help="depths to score at, comma-separated (default: the run's K)")
-    p.add_argument("--limit", type=int, default=0, help="documents per task (0: all)")
-    p.add_argument("--include-path", help="a folder of local lm-eval task YAML files")
-    p.add_argument("--per-token-norm", action="store_true",
-                   help="also acc_norm_token (log-likelihood per continuation token, the official evaluator)")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--out", help="write the result JSON here")
-    p.set_defaults(func=cmd_downstream)
-    p = subparsers.add_parser("ouro-import", help="a Hugging Face Ouro checkpoint (ByteDance/Ouro-1.4B, ...) as a "
-                                                   "loopscale run directory")
-    p.add_argument("checkpoint", help="the downloaded checkpoint directory (config.json, *.safetensors)")
-    p.add_argument("--out", required=True, help="the run directory to write")
-    p.add_argument("--seq-len", type=int, default=2048, help="evaluation window length (default 2048)")
-    p.add_argument("--force", action="store_true", help="replace the run in --out (the new run is written beside "
-                                                        "it and swapped in whole)")
-    p.set_defaults(func=cmd_import)
-    for name, what, help_ in (("ouro-depth", "depth", "CE/PPL at depth K = 1..max-k, the final readout on step K "
-                                                      "(Appendix B's variable-depth table)"),
-                              ("ouro-scale", "scale", "CE when the pre-readout state is scaled by c "
-                                                      "(Appendix B's scale-sensitivity sweep)")):
-        p = subparsers.add_parser(name, help=help_)
-        p.add_argument("--model", required=True, help="a Hugging Face Ouro directory, a run directory or model.pt")
-        p.add_argument("--data", required=True, help="a prepared data directory tokenised with the model's tokenizer")
-        p.add_argument("--seq-len", type=int, default=0, help="window length (default: the model's seq_len)")
-        p.add_argument("--windows", type=int, default=16, help="evaluation windows (0: all)")
-        p.add_argument("--split", default="validation", choices=("validation", "test"),
-                       help="the split of the data directory (default validation)")
-        p.add_argument("--batch-size", type=int, default=2)
-        p.add_argument("--device", default="auto")
-        p.add_argument("--out", help="write the result JSON here")
-        if what == "depth":
-            p.add_argument("--max-k", type=int, default=8)
-        else:
-            p.add_argument("--scales", type=float, nargs="+", default=[0.25, 0.5, 1.0, 2.0, 4.0, 8.0])
-        p.set_defaults(func=lambda a, w=what: _cmd(a, w))
+        result = downstream(run, tasks, loops, limit, include_path, per_token_norm, batch_size, device)
+    if out:
+        atomic_write_json(out, result)
+    return result

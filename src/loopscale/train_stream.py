@@ -32,10 +32,10 @@ import torch
 from . import data as D
 from . import distributed as DD
 from .artifacts import RECORD
-from .config import ConfigError, RunConfig, merge, parse_overrides, read_yaml, resolve
+from .config import ConfigError, RunConfig, merge, read_yaml
 from .fineweb import ChunkStream, StreamConfig, load_tokenizer
 from .io import CheckpointError
-from .rundir import drop_stale, result_fingerprint, run_directory, stop_with_parent
+from .rundir import drop_stale, result_fingerprint, run_directory
 from .train import BatchSource, LoopSettings, fit
 
 logger = logging.getLogger("loopscale.train")  # the trainers' messages, one logger
@@ -149,40 +149,15 @@ def train_stream(cfg: RunConfig, s: StreamConfig, out_dir: str | Path, *, val_da
 
 
 # ---------------------------------------------------------------------------
-# command line
+# settings (the command, `loopscale train-stream`, is loopscale.cli.run)
 # ---------------------------------------------------------------------------
-def cmd_train_stream(args) -> int:
-    from .cli import train_or_record
-    run_sets = [o for o in args.overrides if not o.startswith("stream.")]
-    stream_sets = parse_overrides([o for o in args.overrides if o.startswith("stream.")]).get("stream", {})
-    cfg = resolve(args.config, args.preset, run_sets)
+def stream_settings(path: Optional[str | Path] = None, overrides: Optional[dict] = None) -> StreamConfig:
+    """The stream settings: the defaults <- a YAML file of them (the pipeline's RUN/stream.yaml:
+    the mapping itself or the one under `stream:`) <- `overrides` (parsed `stream.*` settings)."""
     base = dataclasses.asdict(StreamConfig())
-    if args.stream_config:  # a file of stream settings (the pipeline's RUN/stream.yaml)
-        given = read_yaml(args.stream_config)
+    if path:
+        given = read_yaml(path)
         if not isinstance(given, dict):
-            raise ConfigError(f"{args.stream_config}: must hold a mapping of stream settings")
+            raise ConfigError(f"{path}: must hold a mapping of stream settings")
         base = merge(base, given.get("stream", given), "stream")
-    s = StreamConfig.from_dict(merge(base, stream_sets, "stream"))
-    if args.stop_with_parent:
-        stop_with_parent()
-    summary = train_or_record(cfg, args, lambda: train_stream(cfg, s, args.out, val_data=args.val_data,
-                                                              resume=not args.no_resume, progress=not args.quiet,
-                                                              drop_stale_state=args.drop_stale_state))
-    if summary is not None and DD.env_world()[0] == 0:
-        print(json.dumps({k: summary[k] for k in ("status", "steps", "tokens")}))
-    return 0
-
-
-def add_cli(subparsers) -> None:
-    p = subparsers.add_parser("train-stream", help="train one run on a streamed corpus (FineWeb, Appendix B)")
-    p.add_argument("--config", "-c", help="run config (YAML/JSON); may name a `preset:`")
-    p.add_argument("--preset", help="start from this preset (e.g. ouro-1.4b)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a run setting (train.lr=...) or a stream setting (stream.tokenizer=DIR)")
-    p.add_argument("--stream-config", help="a YAML file of stream settings (below --set stream.*)")
-    p.add_argument("--out", required=True, help="run directory")
-    p.add_argument("--val-data", "--data", dest="val_data",
-                   help="a prepared data directory (same tokenizer) for validation")
-    from .cli import add_run_dir_args
-    add_run_dir_args(p, quiet_help="no progress bar (progress is then logged every train.log_every steps)")
-    p.set_defaults(func=cmd_train_stream)
+    return StreamConfig.from_dict(merge(base, overrides or {}, "stream"))

@@ -9,6 +9,8 @@
   loopscale report        tables, figures, REPORT.md, drift law, claims
   loopscale bench         throughput, FLOP/s, MFU and step memory
   loopscale export | generate | convert-paper   a trained or converted model's files and text
+  loopscale train-stream  train one run on a streamed corpus (Appendix B)
+  loopscale ouro-import | ouro-depth | ouro-scale | ouro-downstream   the Ouro track
 
 One module per area (run, eval, report, bench, models, common: what several share); each
 `cmd_*` reads its arguments and calls plain functions of the domain modules, which import
@@ -22,7 +24,7 @@ import sys
 
 from ..config import ConfigError
 from ..io import watch_parent
-from .common import add_config_args, add_run_dir_args, check_common_args, config_from_args, train_or_record  # noqa: F401
+from .common import check_common_args
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -31,17 +33,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"loopscale {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    from . import eval as evaluate, models, report, run
-    run.add_commands(sub)
-    evaluate.add_commands(sub)
-    report.add_commands(sub)
-    from .. import bench, ouro_tools, train_stream
-    bench.add_cli(sub)
-    models.add_export(sub)
-    models.add_generate(sub)
-    models.add_convert(sub)
-    train_stream.add_cli(sub)
-    ouro_tools.add_cli(sub)
+    from . import bench, eval as evaluate, models, report, run
+    for add in (run.add_commands, evaluate.add_commands, report.add_commands, bench.add_commands, models.add_export,
+                models.add_generate, models.add_convert, run.add_train_stream, models.add_ouro):
+        add(sub)  # in this order: the order `loopscale --help` lists them
     return parser
 
 

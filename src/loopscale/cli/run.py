@@ -1,6 +1,6 @@
 """The commands of one run's life before evaluation: `loopscale config`, `prepare-data`,
-`data-stats`, `train` and `params` (loopscale.config, loopscale.data, loopscale.train,
-loopscale.model)."""
+`data-stats`, `train`, `params` and `train-stream` (loopscale.config, loopscale.data,
+loopscale.train, loopscale.model, loopscale.train_stream)."""
 from __future__ import annotations
 
 import json
@@ -126,3 +126,36 @@ def add_commands(sub) -> None:
     p = sub.add_parser("params", help="print the parameter count")
     add_config_args(p)
     p.set_defaults(func=cmd_params)
+
+
+def cmd_train_stream(args) -> int:
+    from ..config import parse_overrides, resolve
+    from ..distributed import env_world
+    from ..train_stream import stream_settings, train_stream
+    run_sets = [o for o in args.overrides if not o.startswith("stream.")]
+    stream_sets = parse_overrides([o for o in args.overrides if o.startswith("stream.")]).get("stream", {})
+    cfg = resolve(args.config, args.preset, run_sets)
+    s = stream_settings(args.stream_config, stream_sets)
+    if args.stop_with_parent:
+        from ..rundir import stop_with_parent
+        stop_with_parent()
+    summary = train_or_record(cfg, args, lambda: train_stream(cfg, s, args.out, val_data=args.val_data,
+                                                              resume=not args.no_resume, progress=not args.quiet,
+                                                              drop_stale_state=args.drop_stale_state))
+    if summary is not None and env_world()[0] == 0:
+        print(json.dumps({k: summary[k] for k in ("status", "steps", "tokens")}))
+    return 0
+
+
+def add_train_stream(subparsers) -> None:
+    p = subparsers.add_parser("train-stream", help="train one run on a streamed corpus (FineWeb, Appendix B)")
+    p.add_argument("--config", "-c", help="run config (YAML/JSON); may name a `preset:`")
+    p.add_argument("--preset", help="start from this preset (e.g. ouro-1.4b)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a run setting (train.lr=...) or a stream setting (stream.tokenizer=DIR)")
+    p.add_argument("--stream-config", help="a YAML file of stream settings (below --set stream.*)")
+    p.add_argument("--out", required=True, help="run directory")
+    p.add_argument("--val-data", "--data", dest="val_data",
+                   help="a prepared data directory (same tokenizer) for validation")
+    add_run_dir_args(p, quiet_help="no progress bar (progress is then logged every train.log_every steps)")
+    p.set_defaults(func=cmd_train_stream)
