@@ -329,10 +329,16 @@ def test_write_if_changed_keeps_mtime(tmp_path):
     assert P.write_if_changed(f, "x: 2\n") and f.read_text() == "x: 2\n"
 
 
+def write_settings(exp, root: Path) -> list[str]:
+    """Write the experiment's settings files as its settings jobs do; the paths (re)written."""
+    return [f for f, text in P.settings_files(exp).items() if P.write_if_changed(root / f, text)]
+
+
 def test_eval_settings_do_not_touch_train_config(params, tmp_path):
     _, exps = load(params, tmp_path)
-    assert len(P.materialize(exps["smoke"], tmp_path)) == 1 + 2 * len(exps["smoke"].runs)
-    assert P.materialize(exps["smoke"], tmp_path) == []  # unchanged: nothing rewritten
+    assert len(write_settings(exps["smoke"], tmp_path)) == 1 + 2 * len(exps["smoke"].runs)
+    assert write_settings(exps["smoke"], tmp_path) == []  # unchanged: nothing rewritten
+    assert not any(P.settings_stale(tmp_path / f, t) for f, t in P.settings_files(exps["smoke"]).items())
     run = exps["smoke"].runs[0]
     written = C.load_config(str(tmp_path / run.dir / "config.yaml"))  # what `loopscale train` reads
     assert written.train.threads == 0  # the train job passes its own threads (--set train.threads)
@@ -342,8 +348,9 @@ def test_eval_settings_do_not_touch_train_config(params, tmp_path):
     p = copy.deepcopy(params)
     p["experiments"]["smoke"]["eval"] = {"max_tokens": 1024}
     _, exps2 = load(p, tmp_path)
-    written = P.materialize(exps2["smoke"], tmp_path)
-    assert sorted(written) == sorted(f"{r.dir}/eval.yaml" for r in exps2["smoke"].runs)
+    stale = [f for f, t in P.settings_files(exps2["smoke"]).items() if P.settings_stale(tmp_path / f, t)]
+    assert stale == write_settings(exps2["smoke"], tmp_path)
+    assert sorted(stale) == sorted(f"{r.dir}/eval.yaml" for r in exps2["smoke"].runs)
     assert C.load_eval_config(str(tmp_path / run.dir / "eval.yaml")).max_tokens == 1024
 
 
@@ -413,38 +420,85 @@ def test_no_preset_alias(params, tmp_path):
         P.load_and_validate(path, SCHEMA, overrides={"preset": "smoke"})
 
 
-def _loaded_modules(module: str) -> set[str]:
-    """Source files of the loopscale modules that importing `module` really loads."""
-    code = (f"import sys, {module}; print('\\n'.join(sorted(m.__file__ for n, m in sys.modules.items() "
-            f"if n.split('.')[0] == 'loopscale')))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO / "src")},
-                         check=True, capture_output=True, text=True).stdout
-    return {str(Path(f).resolve().relative_to(REPO)) for f in out.split()}
+# the module each stage's job calls into (`loopscale <command>` dispatches to it)
+STAGE_ENTRY = {"data": "loopscale.data", "train": "loopscale.train", "train_stream": "loopscale.train_stream",
+               "eval": "loopscale.diagnostics", "report": "loopscale.report", "ouro": "loopscale.ouro_tools"}
 
 
-@pytest.mark.parametrize("stage", sorted(P.STAGE_MODULES))
+def _imports(path: Path, top_level: bool) -> set[str]:
+    """The loopscale modules a source file imports (relative imports resolved; `from m import
+    x` counts m.x when it is a module); with top_level, only those run on import."""
+    import ast
+    module = ".".join(path.relative_to(REPO / "src").with_suffix("").parts)
+    package = module.removesuffix(".__init__") if path.name == "__init__.py" else module.rpartition(".")[0]
+    def walk(node):  # with top_level, not into function bodies
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if not (top_level and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))):
+                yield from walk(child)
+    out = set()
+    for node in walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            out |= {base} | {f"{base}.{a.name}" for a in node.names}
+    return {m.removeprefix("loopscale.") for m in out if m.startswith("loopscale.")}
+
+
+def _source(module: str) -> Path | None:
+    base = REPO / "src" / "loopscale" / Path(*module.split("."))
+    return next((f for f in (base.with_suffix(".py"), base / "__init__.py") if f.is_file()), None)
+
+
+def import_closure(entry: str) -> set[str]:
+    """Source files (relative to the repository) of the loopscale modules `entry` runs:
+    its imports, function-level ones included, followed through the package; a package's
+    __init__ counts with what it imports when loaded (its lazy exports serve users)."""
+    todo, seen = [entry.removeprefix("loopscale.")], set()
+    while todo:
+        m = todo.pop()
+        if m in seen or m.split(".")[0] in P.NOT_STAGE_CODE:  # the command-line dispatch, the DAG side
+            continue
+        path = _source(m)
+        if path is None:
+            continue  # a name imported from a module, not a module
+        seen.add(m)
+        todo += sorted(_imports(path, top_level=path.name == "__init__.py" and m != entry.removeprefix("loopscale.")))
+        parents = m.split(".")[:-1]
+        todo += [".".join(parents[:i + 1]) for i in range(len(parents))] + ["__init__"]
+    return {str(_source(m).relative_to(REPO)) for m in seen}
+
+
+@pytest.mark.parametrize("stage", P.STAGES)
 def test_stage_code_holds_every_imported_module(stage):
-    derived = set(P.stage_code(stage, REPO / "src"))
-    derived = {str(Path(f).relative_to(REPO)) for f in derived}
-    assert _loaded_modules(P.STAGE_MODULES[stage]) <= derived
+    """Each stage's declared code (loopscale.pipeline.STAGE_ONLY) holds every module its entry
+    module imports, directly or not, also inside functions."""
+    declared = {str(Path(f).relative_to(REPO)) for f in P.stage_code(stage, REPO / "src")}
+    missing = import_closure(STAGE_ENTRY[stage]) - declared
+    assert not missing, f"{stage}: add {sorted(missing)} to loopscale.pipeline.STAGE_ONLY[{stage!r}]"
     if stage == "eval":  # imported inside a function only: still a dependency
-        assert "src/loopscale/halting.py" in derived
+        assert "src/loopscale/report/cli.py" in declared
 
 
-def test_stage_code_refuses_a_missing_module(tmp_path):
-    pkg = tmp_path / "pkg"
-    pkg.mkdir()
-    # a package's lazy imports (inside its functions) serve users, not the stage: not followed
-    (pkg / "__init__.py").write_text("def __getattr__(name):\n    from .lazy import z\n")
-    (pkg / "a.py").write_text("from . import b\n\ndef f():\n    from .c import g\n")
-    (pkg / "b.py").write_text("import os\nfrom pkg.sub import x\n")
-    (pkg / "sub").mkdir()
-    (pkg / "sub" / "__init__.py").write_text("x = 1\n")
-    with pytest.raises(ImportError, match="pkg.a imports pkg.c, which has no source file"):
-        P.module_files("pkg.a", tmp_path)
-    (pkg / "c.py").write_text("g = 1\n")
-    assert [Path(f).relative_to(tmp_path).as_posix() for f in P.module_files("pkg.a", tmp_path)] == \
-        ["pkg/__init__.py", "pkg/a.py", "pkg/b.py", "pkg/c.py", "pkg/sub/__init__.py"]
+def test_stage_code_lists_existing_modules_and_keeps_stages_apart(tmp_path):
+    package = REPO / "src" / "loopscale"
+    for name in {m for ms in P.STAGE_ONLY.values() for m in ms} | set(P.NOT_STAGE_CODE):
+        assert (package / name).is_dir() if name.endswith("/") else (package / f"{name}.py").is_file(), name
+    code = {s: {Path(f).relative_to(REPO).as_posix() for f in P.stage_code(s, REPO / "src")} for s in P.STAGES}
+    assert "src/loopscale/diagnostics.py" not in code["train"] | code["data"] | code["report"]
+    assert "src/loopscale/train.py" not in code["eval"] | code["data"]
+    assert not {f for fs in code.values() for f in fs} & {"src/loopscale/cli.py", "src/loopscale/pipeline.py"}
+    # a module no stage claims is code of every stage
+    (tmp_path / "loopscale" / "report").mkdir(parents=True)
+    for f in ("__init__.py", "model.py", "train.py", "new.py", "report/__init__.py"):
+        (tmp_path / "loopscale" / f).write_text("")
+    rel = {s: [Path(f).relative_to(tmp_path).as_posix() for f in P.stage_code(s, tmp_path)] for s in ("data", "train")}
+    assert rel == {"data": ["loopscale/__init__.py", "loopscale/model.py", "loopscale/new.py"],
+                   "train": ["loopscale/__init__.py", "loopscale/model.py", "loopscale/new.py", "loopscale/train.py"]}
 
 
 # ---------------------------------------------------------------------------
@@ -467,7 +521,9 @@ def test_smoke_dag(dry_workspace):
     c = counts(dry_run(dry_workspace))
     n = len(P.load_and_validate(dry_workspace / "params.yaml", SCHEMA, overrides={"experiment": "smoke"})[1]["smoke"].runs)
     assert n >= 1
-    assert c == {"prepare_data": 1, "train": n, "eval": n, "aggregate": 1, "figures": 1, "report": 1, "all": 1}
+    # settings: the data config and each run's config.yaml and eval.yaml (settings.smk)
+    assert c == {"settings": 1 + 2 * n, "prepare_data": 1, "train": n, "eval": n, "aggregate": 1, "figures": 1,
+                 "report": 1, "all": 1}
 
 
 def test_rule_inputs_are_derived(dry_workspace):
@@ -484,87 +540,48 @@ def test_rule_inputs_are_derived(dry_workspace):
         assert "src/loopscale/halting.py" in inputs and inputs[1].endswith("/model.pt")
 
 
-def test_a_held_experiment_lock_leaves_every_file_alone(dry_workspace):
-    """While another snakemake runs the experiment (it holds the lock), a second one with
-    changed settings stops with one line before writing any run config."""
-    good = (dry_workspace / "params.yaml").read_text()
-    lock = P.lock_experiment("smoke", dry_workspace)
-    try:
-        before = tree_digest(dry_workspace)
-        (dry_workspace / "params.yaml").write_text(good.replace("train: {max_steps: 20, threads: 1}",
-                                                                "train: {max_steps: 21, threads: 1}"))
-        proc = smk(dry_workspace, "-n", *SMOKE, check=False)
-        assert proc.returncode != 0
-        assert proc.stderr.strip().splitlines() == [
-            f"loopscale pipeline: error: another snakemake (pid {os.getpid()}) is running experiment smoke in this "
-            f"directory; wait for it to finish (nothing was written)"]
-        assert tree_digest(dry_workspace) == before
-    finally:
-        lock.close()
-    try:  # released: the next invocation (not a dry run, which puts back what it wrote) writes the new configs
-        smk(dry_workspace, "--list-rules", *SMOKE)
-        cfg = yaml.safe_load(next((dry_workspace / "runs" / "smoke").glob("*/*/seed*/config.yaml")).read_text())
-        assert cfg["train"]["max_steps"] == 21
-    finally:
-        (dry_workspace / "params.yaml").write_text(good)
-        smk(dry_workspace, "--list-rules", *SMOKE)
-
-
-def test_a_dry_run_leaves_no_trace(dry_workspace):
-    """`snakemake -n` on a temporary edit plans from the edited settings (a new seed, another
-    max_steps) but leaves no run directory, config or mtime changed behind."""
+def test_nothing_is_written_while_the_workflow_is_parsed(dry_workspace):
+    """A dry run and `--list-rules` with changed settings (a new seed, another max_steps) plan
+    from them but write nothing: the settings files are outputs of the settings jobs."""
     good = (dry_workspace / "params.yaml").read_text()
     exps = P.load_and_validate(dry_workspace / "params.yaml", SCHEMA, overrides={"experiment": "smoke"})[1]
-    P.materialize(exps["smoke"], dry_workspace)  # the configs a real invocation wrote earlier
+    write_settings(exps["smoke"], dry_workspace)  # the files an earlier invocation wrote
     before = tree_digest(dry_workspace)
-    dirs = sorted(p for p in (dry_workspace / "runs").rglob("*") if p.is_dir())
+    dirs = sorted(p for p in dry_workspace.rglob("*") if p.is_dir() and ".snakemake" not in p.parts)
     try:
         edit_params(dry_workspace, lambda p: p["experiments"]["smoke"].update(
             seeds=[42, 7], train={"max_steps": 21, "threads": 1}))
-        assert counts(dry_run(dry_workspace))["train"] == 2 * len(exps["smoke"].runs)  # the new seed is planned
-        assert tree_digest(dry_workspace) == before
-        for flag in ("--dry-run", "-nq"):
-            smk(dry_workspace, flag, *SMOKE)
-            assert tree_digest(dry_workspace) == before, flag
-            assert sorted(p for p in (dry_workspace / "runs").rglob("*") if p.is_dir()) == dirs, flag
+        c = counts(dry_run(dry_workspace))
+        n = len(exps["smoke"].runs)
+        # the old runs' config.yaml (max_steps), the new runs' config.yaml and eval.yaml
+        assert c["train"] == 2 * n and c["settings"] == n + 2 * n
+        for args in (("--dry-run",), ("-nq",), ("--list-rules",), ("--lint",)):
+            smk(dry_workspace, *args, *SMOKE)
+            assert tree_digest(dry_workspace) == before, args
+            assert sorted(p for p in dry_workspace.rglob("*") if p.is_dir() and ".snakemake" not in p.parts) == dirs
     finally:
         (dry_workspace / "params.yaml").write_text(good)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_an_interrupted_dry_run_leaves_no_trace(dry_workspace, tmp_path, sig):
-    """A signal while `snakemake -n` writes a big grid's configs (atexit does not run on one):
-    the writes are put back, the process ends by that signal, no file or directory stays."""
-    params = yaml.safe_load((dry_workspace / "params.yaml").read_text())
-    smoke = params["experiments"]["smoke"]
-    per_seed = len(P.load_and_validate(dry_workspace / "params.yaml", SCHEMA,
-                                       overrides={"experiment": "smoke"})[1]["smoke"].runs) // len(smoke["seeds"])
-    smoke["seeds"] = list(range(C.LIMITS["grid_runs"] // per_seed))  # the largest grid allowed
-    big = tmp_path / "big.yaml"
-    big.write_text(yaml.safe_dump(params, sort_keys=False))
-    runs = dry_workspace / "runs" / "smoke"
-    P.materialize(P.load_and_validate(dry_workspace / "params.yaml", SCHEMA,
-                                      overrides={"experiment": "smoke"})[1]["smoke"], dry_workspace)
-    before = tree_digest(dry_workspace)
-    dirs = sorted(p for p in dry_workspace.rglob("*") if p.is_dir() and ".snakemake" not in p.parts)
-    proc = subprocess.Popen([SNAKEMAKE, "-n", "--config", "experiment=smoke", f"params={big}"], cwd=dry_workspace,
-                            env=pipeline_env(dry_workspace), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def test_a_settings_file_newer_than_params_is_named(dry_workspace):
+    """An out-of-date settings file that is newer than params.yaml (edited by hand, or restored
+    by `dvc checkout` afterwards) would not be rewritten in a fresh clone: one line naming it."""
+    exps = P.load_and_validate(dry_workspace / "params.yaml", SCHEMA, overrides={"experiment": "smoke"})[1]
+    write_settings(exps["smoke"], dry_workspace)
+    path = dry_workspace / exps["smoke"].runs[0].dir / "config.yaml"
+    good = path.read_text()
     try:
-        deadline = time.monotonic() + 300
-        while proc.poll() is None and time.monotonic() < deadline:  # the first new run's config
-            if any(p.name not in ("seed42",) for p in runs.glob("*/*/seed*")):
-                break
-            time.sleep(0.01)
-        assert proc.poll() is None, f"the dry run ended before it was interrupted: {proc.stderr.read()[-2000:]}"
-        proc.send_signal(sig)
-        proc.wait(timeout=300)
+        path.write_text(good.replace("max_steps: 20", "max_steps: 5"))
+        proc = smk(dry_workspace, "-n", *SMOKE, check=False)
+        assert proc.returncode != 0
+        assert proc.stderr.strip().splitlines() == [
+            f"loopscale pipeline: error: {path.relative_to(dry_workspace)} holds other settings than params.yaml "
+            "gives and is newer than it, so it might not be rewritten: delete it (the pipeline writes it again)"]
+        os.utime(path, ns=(1_000_000_000, 1_000_000_000))  # older than params.yaml: its settings job reruns
+        jobs = dry_run(dry_workspace)
+        assert ("settings", str(path.relative_to(dry_workspace))) in jobs
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == -sig, proc.stderr.read()[-2000:]
-    assert tree_digest(dry_workspace) == before
-    assert sorted(p for p in dry_workspace.rglob("*") if p.is_dir() and ".snakemake" not in p.parts) == dirs
-    assert not [p for p in dry_workspace.rglob("*.tmp")]
+        path.write_text(good)
 
 
 def test_bad_params_stop_snakemake_with_one_line(dry_workspace):
@@ -603,15 +620,16 @@ def test_a_setting_out_of_range_stops_snakemake(dry_workspace, section, key, val
 
 
 def test_paper_grid_dry_run_is_fast(dry_workspace, record_property):
-    # the first call also writes the 108 run configs (later calls are a little faster)
     t0 = time.monotonic()
     out = smk(dry_workspace, "-n", "--config", "experiment=paper").stdout
     wall = time.monotonic() - t0
     record_property("paper_dry_run_s", round(wall, 2))
     print(f"\npaper grid dry run: {wall:.1f} s")
     c = counts([(m, "") for m in re.findall(r"^(?:local)?rule (\w+):", out, re.M)])
-    # one training and one evaluation job per run (all seven diagnostics, the model loaded once)
-    assert c == {"prepare_data": 1, "train": 54, "eval": 54, "aggregate": 1, "figures": 1, "report": 1, "all": 1}
+    # one training and one evaluation job per run (all seven diagnostics, the model loaded once),
+    # and a settings job for each of the 109 settings files (the data config, 2 per run)
+    assert c == {"settings": 109, "prepare_data": 1, "train": 54, "eval": 54, "aggregate": 1, "figures": 1,
+                 "report": 1, "all": 1}
     assert wall < 60, f"dry run of the paper grid took {wall:.1f} s"
 
 
@@ -774,8 +792,8 @@ def test_changed_condition_reruns_only_it_and_a_divergence_is_recorded(smoke_loc
     edit_params(repo, edit)
     jobs = dry_run(repo)
     c = counts(jobs)
-    assert c == {"train": 1, "eval": 1, "aggregate": 1, "figures": 1, "report": 1, "all": 1}
-    assert all(target in o for r, o in jobs if r in ("train", "eval"))
+    assert c == {"settings": 1, "train": 1, "eval": 1, "aggregate": 1, "figures": 1, "report": 1, "all": 1}
+    assert all(target in o for r, o in jobs if r in ("settings", "train", "eval"))
 
     other = repo / "runs" / "smoke" / "smoke" / "rmsnorm-per_loop-none-residual" / "seed42"
     untouched = tree_digest(other, dirs=(".",))

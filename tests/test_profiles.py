@@ -22,7 +22,7 @@ from test_pipeline import REPO, copy_worktree, smk
 
 PROFILES = REPO / "profiles"
 # rules that never use a GPU and run single-threaded; the others train or evaluate a model
-CPU_RULES = {"prepare_data", "aggregate", "figures", "report"}
+CPU_RULES = {"settings", "prepare_data", "aggregate", "figures", "report"}
 
 
 @pytest.fixture(scope="module")
