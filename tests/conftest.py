@@ -78,6 +78,17 @@ def smoke_data(tmp_path_factory) -> Path:
 
 
 @pytest.fixture
+def one_thread():
+    """One torch thread for the test: tiny tensors run faster on one, and a busy machine's thread
+    scheduling cannot stall them (the thread count is put back after)."""
+    import torch
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
 def cli_env():
     """Environment for `loopscale` subprocesses: the venv's bin first, hub offline."""
     env = dict(os.environ)

@@ -19,13 +19,7 @@ from loopscale.model import LoopedLM, flops_per_token
 from loopscale.linear_ce import linear_cross_entropy
 from loopscale.objective import compute_loss
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny tensors: one thread is faster, and immune to a busy machine's thread scheduling."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 B = 3  # sequences; smoke seq_len 32 -> 96 tokens, not a multiple of the chunk sizes below

@@ -147,14 +147,6 @@ def test_drift_part_logs_norms_per_loop_and_ends_with_diagnostics(check, smoke_d
     assert drift["final_norm_ratio_rmsnorm_over_raw"] > 0
 
 
-@pytest.fixture
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def test_gpu_bench_at_toy_size_records_mfu_eval_and_the_paper_figures(tmp_path, one_thread):
     gpu_bench = _module("gpu_bench")
     models = ["paper-44m", "paper-129m"]

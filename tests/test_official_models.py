@@ -23,14 +23,6 @@ from loopscale.report.tables import build_tables
 from loopscale.train import train
 
 
-@pytest.fixture
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 def smoke(model=None, objective=None, **train_kw):
     return C.preset("smoke", {"model": model or {}, "objective": objective or {},
                               "train": {"max_steps": 6, "log_every": 3, **train_kw}})

@@ -171,13 +171,17 @@ def test_the_cpu_long_figures_quoted_are_the_committed_ones():
 MATRIX = re.compile(r"<!-- claims-matrix:begin -->\n(.*?)<!-- claims-matrix:end -->", re.S)
 MATRIX_DIR = REPO / "results" / "claims_matrix"
 README_VIEW = MATRIX_DIR / "claims_matrix_readme.md"
-SHOWN = {"cpu": ("cpu", None), "cpu_confirm: d64": ("cpu_confirm", "d64"), "cpu_long": ("cpu_long", None)}
+SHOWN = {"cpu": ("cpu", None), "cpu_confirm: d64": ("cpu_confirm", "d64"), "cpu_long": ("cpu_long", None),
+         "cpu_factorial: w128": ("cpu_factorial", "w128"), "cpu_factorial: l4": ("cpu_factorial", "l4"),
+         "cpu_factorial: ctx128": ("cpu_factorial", "ctx128")}
 
 
 def _cell(verdict: str) -> str:
     """claims.csv's verdict as the table writes it: ✓ 3/3, ✗ 0/3, mixed 2/3, – (not run)."""
     if verdict.startswith("not run"):
         return "–"
+    if verdict.startswith("control uninformative"):
+        return "uninformative"
     k, n = re.search(r"(\d+)/(\d+)", verdict).groups()
     sym = "mixed" if verdict.startswith("mixed") else "✗" if verdict.startswith("not reproduced") else "✓"
     return f"{sym} {k}/{n}"

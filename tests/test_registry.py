@@ -9,7 +9,6 @@ import json
 
 import pandas as pd
 import pytest
-import torch
 
 from loopscale import config as C
 from loopscale import registry as R
@@ -91,14 +90,6 @@ def test_readout_semantics():
     assert "final-only" in fin.label and "exits k < K" in fin.description
     with pytest.raises(ValueError, match="one norm kind"):
         R.Readout("mixed", "mixed", "rmsnorm", "layernorm", "")
-
-
-@pytest.fixture
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)  # a tiny model: extra threads only add stalls on a busy machine
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.mark.slow  # end to end: train, evaluate, tables and figures (seconds)

@@ -56,11 +56,32 @@ def planned_runs(study: str, worktree: Path) -> dict[str, list[str]]:
     """{run dir (relative to the worktree): [its evaluation outputs]} from `snakemake --summary`."""
     cmd = snakemake_cmd(worktree) + ["--summary", "--nolock", "--config", f"experiment={study}"]
     out = subprocess.run(cmd, cwd=worktree, env=env_for(worktree), capture_output=True, text=True)
+    cache = plan_cache(study, worktree)
     if out.returncode != 0:
-        fail(f"`{' '.join(cmd)}` failed in {worktree}: {out.stderr.strip().splitlines()[-1:]}")
+        last = out.stderr.strip().splitlines()[-1:]
+        if cache.is_file() and any("another snakemake" in line for line in last):
+            # the study's own Snakemake holds the experiment (its plan is fixed by the pinned commit)
+            print(f"study_sitting: {study} is running; using the plan recorded in {cache}", file=sys.stderr)
+            return json.loads(cache.read_text())
+        fail(f"`{' '.join(cmd)}` failed in {worktree}: {last}")
+    runs = parse_summary(study, out.stdout)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_name(cache.name + ".tmp")
+    tmp.write_text(json.dumps(runs, indent=1, sort_keys=True))
+    os.replace(tmp, cache)
+    return runs
+
+
+def plan_cache(study: str, worktree: Path) -> Path:
+    """Where the last plan of a study is kept (inside the pinned worktree, out of git)."""
+    return worktree / ".snakemake" / f"study_sitting-{study}.json"
+
+
+def parse_summary(study: str, summary: str) -> dict[str, list[str]]:
+    """{run dir: [its evaluation outputs]} from the text of `snakemake --summary`."""
     runs: dict[str, list[str]] = {}
     prefix = f"runs/{study}/"
-    for line in out.stdout.splitlines():
+    for line in summary.splitlines():
         path = line.split("\t", 1)[0]
         if not path.startswith(prefix):
             continue
