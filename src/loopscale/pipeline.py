@@ -669,11 +669,11 @@ def settings_files(exp: Experiment) -> dict[str, str]:
 
 
 # A settings job runs when its file is missing or holds other text than params.yaml gives now.
-# Snakemake sees the second case by its params trigger when it has the metadata of the job's
-# last run, and by modification times in a fresh clone (no .snakemake/): the job's inputs are
-# the files the settings come from (SETTINGS_SOURCES), which an edit makes newer than the file.
-# They count only for a file whose text is out of date: `settings_stale` tells which (the rule
-# marks the sources of the others ancient, so an edit of params.yaml reruns no other job).
+# Snakemake sees the second case by modification times, also in a fresh clone without
+# .snakemake/ metadata: the job's inputs are the files the settings come from (params.yaml,
+# exp.yaml, SETTINGS_CODE), which an edit makes newer than the file. They count only for a
+# file whose text is out of date: `settings_stale` tells which (the rule marks the sources of
+# the others ancient, so an edit of params.yaml reruns no other job).
 SETTINGS_CODE = ("config", "registry", "pipeline", "fineweb")  # the modules that compute the texts
 
 
@@ -691,14 +691,14 @@ def settings_stale(path: str | os.PathLike, text: str) -> bool:
         return False
 
 
-def check_settings(files: dict[str, str], sources: Iterable[str]) -> None:
+def check_settings(files: dict[str, str], sources: list[str]) -> None:
     """A settings file that is out of date but not older than any of its sources (edited by hand,
     or restored by `dvc checkout` after them) would not be rewritten in a fresh clone: one line
     saying what to do."""
     newest = max((os.stat(s).st_mtime_ns for s in sources if os.path.exists(s)), default=0)
     for path, text in files.items():
         if settings_stale(path, text) and os.stat(path).st_mtime_ns >= newest:
-            raise ParamsError(f"{path} holds other settings than {next(iter(sources))} gives and is newer "
+            raise ParamsError(f"{path} holds other settings than {sources[0]} gives and is newer "
                               f"than it, so it might not be rewritten: delete it (the pipeline writes it again)")
 
 

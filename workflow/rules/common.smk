@@ -30,7 +30,7 @@ SETTINGS = P.settings_files(EXP)  # {path: text} of every settings file of the e
 SRC = os.path.relpath(os.path.join(workflow.basedir, "src"))
 # what the settings come from: the inputs of the settings jobs (workflow/rules/settings.smk)
 SETTINGS_SOURCES = [PARAMS_FILE, *([config["settings"]] if config.get("settings") else []),
-                    *(os.path.join(SRC, "loopscale", f"{m}.py") for m in P.SETTINGS_CODE)]
+                    *(f for m in P.SETTINGS_CODE if os.path.isfile(f := os.path.join(SRC, "loopscale", f"{m}.py")))]
 if workflow.is_main_process:
     try:
         P.check_settings(SETTINGS, SETTINGS_SOURCES)

@@ -4,12 +4,13 @@
 # params.yaml through `params` and writes it only when it changed, so a changed setting reruns
 # exactly the jobs that read a changed file (a thread count, which no file holds, reruns none).
 #
-# A job runs when its file is missing, or when its text changed: Snakemake's params trigger
-# sees that from the metadata of the job's last run; in a fresh clone (no .snakemake/) the
-# job's inputs do, the files the settings come from (params.yaml, the exp.yaml of a DVC
-# experiment, the code that computes the texts), newer than the file after an edit. Those
-# inputs are marked ancient for a file that already holds its text, so that editing
-# params.yaml reruns only the jobs whose settings it changed (loopscale.pipeline.settings_stale).
+# A job runs when its file is missing, or holds other text than params.yaml now gives: its
+# inputs are the files the settings come from (params.yaml, the exp.yaml of a DVC experiment,
+# the code that computes the texts), newer than the file after an edit, also in a fresh clone
+# without .snakemake/ metadata. They are marked ancient for a file that already holds its
+# text, so that editing params.yaml reruns only the jobs whose settings it changed
+# (loopscale.pipeline.settings_stale). A file out of date but newer than all of them (edited
+# by hand, restored by dvc checkout later) stops the workflow with one line (check_settings).
 
 
 localrules:
@@ -25,7 +26,10 @@ rule settings:
     log:
         "logs/settings/{settings}.log",
     params:
-        text=lambda wc: SETTINGS[wc.settings],
+        # derived from the output: Snakemake's params trigger leaves it out, so a job runs when
+        # its file's text is out of date, never because an earlier job wrote another text
+        # (a `dvc checkout` of other settings with their results reruns nothing)
+        text=lambda wc, output: SETTINGS[output[0]],
     wildcard_constraints:
         settings=alternatives(SETTINGS),
     run:
