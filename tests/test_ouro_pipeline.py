@@ -18,7 +18,9 @@ def repo(tmp_path_factory):
 
 
 def test_paper_ouro_trains_data_parallel_under_slurm(repo):
-    out = smk(repo, "--workflow-profile", "slurm", "--config", "experiment=paper-ouro", "-n").stdout
+    # the profile is quiet: --quiet reason lists each job (its resources and command) again
+    out = smk(repo, "--workflow-profile", "slurm", "--config", "experiment=paper-ouro", "-n",
+              "--quiet", "reason").stdout
     train = [j for j in jobs_of(out) if j["rule"] == "train"]
     conds = sorted(j["wildcards"]["cond"] for j in train)
     assert conds == sorted(f"{r}-terminal-none-inter_loop_norm"
