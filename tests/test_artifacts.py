@@ -11,7 +11,6 @@ from tokenizers import Tokenizer
 import loopscale
 from loopscale.cli import main
 from loopscale.config import preset
-from loopscale.evaluate import load_model
 from loopscale.train import train
 
 ARTIFACT_FILES = ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -30,7 +29,7 @@ def test_training_writes_the_artifact_and_load_gives_the_same_logits(run):
     for name in ARTIFACT_FILES + ("model.pt", "config.json", "loopscale.json", "modeling_loopscale.py"):
         assert (run / name).is_file(), name
     model, tok, cfg = loopscale.load(run)
-    ref, _, _ = load_model(run / "model.pt")
+    ref, _, _ = loopscale.load(run / "model.pt")
     idx = torch.tensor([tok.encode("The state of the Union is strong.").ids])
     with torch.no_grad():
         for k, (a, b) in enumerate(zip(model(idx, n_loops=5), ref(idx, n_loops=5))):

@@ -12,7 +12,6 @@ import torch
 import loopscale
 from loopscale.cli import main
 from loopscale.convert import convert_paper
-from loopscale.evaluate import load_model
 from loopscale.io import run_lock
 from official import CHECKPOINTS, OFFICIAL as FIX, eval_windows, trained_conditions
 EPS32 = torch.finfo(torch.float32).eps
@@ -55,7 +54,7 @@ def test_every_official_checkpoint_converts_with_no_flags_and_matches_the_offici
     rec = convert_paper(ckpt, tmp_path / "run")
     official = torch.load(ckpt, weights_only=True)
     ref = torch.load(ckpt.parent / "exits.pt", weights_only=True)
-    model, cfg, _ = load_model(tmp_path / "run" / "model.pt")  # what `loopscale eval` reads
+    model, _, cfg = loopscale.load(tmp_path / "run" / "model.pt")  # what `loopscale eval` reads
     m = official["config"]["model"]
     assert (cfg.model.readout, cfg.model.recurrence, cfg.objective.loss) == _expected(official["config"])
     assert (cfg.model.d_model, cfg.model.n_heads, cfg.model.n_layers, cfg.model.n_loops, cfg.model.seq_len) == (

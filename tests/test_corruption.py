@@ -13,7 +13,7 @@ from loopscale import cli
 from loopscale import data as D
 from loopscale.config import DataConfig, preset
 from loopscale.diagnostics import open_run
-from loopscale.evaluate import load_model
+from loopscale.artifacts import load
 from loopscale.io import CheckpointError, weights_sha256
 from loopscale.train import train
 
@@ -48,7 +48,7 @@ def test_overwritten_bytes_in_the_weights_are_refused(run, tmp_path):
     raw[at + 100:at + 108] = b"\x00\x00\x00\x00\x00\x00\xc0\x3f"  # two weights overwritten: 0.0 and 1.5
     (tmp_path / "model.pt").write_bytes(bytes(raw))
     with pytest.raises(CheckpointError, match="differ from the hash recorded"):
-        load_model(tmp_path / "model.pt")
+        load(tmp_path / "model.pt")
 
 
 def test_non_finite_weights_are_refused(run, tmp_path):
@@ -57,14 +57,14 @@ def test_non_finite_weights_are_refused(run, tmp_path):
     ck["weights_sha256"] = weights_sha256(ck["model"])  # even with a matching hash
     torch.save(ck, tmp_path / "model.pt")
     with pytest.raises(CheckpointError, match="non-finite weights"):
-        load_model(tmp_path / "model.pt")
+        load(tmp_path / "model.pt")
 
 
 @pytest.mark.parametrize("content", [bytes(4096), os.urandom(4096)], ids=["all-zero", "random"])
 def test_a_zero_or_random_file_is_called_corrupt(content, tmp_path):
     (tmp_path / "model.pt").write_bytes(content)
     with pytest.raises(CheckpointError, match="truncated or corrupted") as info:
-        load_model(tmp_path / "model.pt")
+        load(tmp_path / "model.pt")
     assert "safety" not in str(info.value)
 
 

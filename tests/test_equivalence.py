@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch.utils.flop_counter import FlopCounterMode
 
 from loopscale.config import ObjectiveConfig, preset
-from loopscale.registry import LOSSES, READOUTS, RECURRENCES, REGULARIZERS
+from loopscale.registry import LOSSES, RECURRENCES, REGULARIZERS, readouts_of
 from loopscale.model import LoopedLM, flops_per_token
 from loopscale.linear_ce import linear_cross_entropy
 from loopscale.objective import compute_loss
@@ -55,7 +55,7 @@ def assert_same(a, b, **tol):
         torch.testing.assert_close(ga[name], gb[name], **tol, msg=lambda m: f"{name}: {m}")
 
 
-CONDITIONS = list(itertools.product(READOUTS, LOSSES, REGULARIZERS, RECURRENCES))
+CONDITIONS = list(itertools.product(readouts_of("looped"), LOSSES, REGULARIZERS, RECURRENCES))
 
 
 @pytest.mark.parametrize("readout,loss,reg,rec", CONDITIONS)

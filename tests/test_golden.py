@@ -9,7 +9,7 @@ in a commit that says so (its module docstring).
   hf_run      a trained run through transformers (trust_remote_code): logits at n_loops = 1..K+1,
               exit logits, greedy generation
   run_v1      tests/fixtures/run_v1/ (a run directory in the layout of issue 31's start) read by
-              loopscale.load, loopscale.evaluate.load_model and transformers: the recorded logits
+              loopscale.load (of the directory and of its model.pt alone) and transformers: the recorded logits
 
 Tolerances, and why:
   * floats of a forward pass (logits, their sums, CE): rtol 1e-5, atol 1e-6. The same fp32
@@ -252,12 +252,13 @@ def test_run_v1_loads_through_loopscale_load():
     same_exits(got["exits"], want["exits"], "loopscale.load")
 
 
-def test_run_v1_loads_through_evaluate_load_model():
-    from loopscale.evaluate import load_model
+def test_run_v1_model_pt_loads_alone():
+    """model.pt on its own (what `loopscale eval` and `loopscale export` read)."""
+    from loopscale import load
     want = golden("run_v1")
-    model, _, _ = load_model(G.FIXTURE_RUN / "model.pt")
+    model, _, _ = load(G.FIXTURE_RUN / "model.pt")
     model.eval()
-    same_exits(G.exit_summaries(model, torch.tensor(want["ids"])), want["exits"], "evaluate.load_model")
+    same_exits(G.exit_summaries(model, torch.tensor(want["ids"])), want["exits"], "loopscale.load(model.pt)")
 
 
 def test_run_v1_loads_through_hugging_face():

@@ -19,6 +19,7 @@ from loopscale.model import LoopedLM, exit_distribution
 from loopscale.objective import compute_loss
 from loopscale.readouts import AlphaReadout, TaperNorm, drive_tapers, taper_gate
 from loopscale.report.runs import load_runs
+from loopscale.report.styles import PALETTE, colour
 from loopscale.report.tables import build_tables
 from loopscale.train import train
 
@@ -210,6 +211,6 @@ def test_each_official_option_trains_evaluates_and_reports(option, smoke_data, t
     assert list(main["condition"]) == [label]
     assert not pd.isna(main["ppl_K_mean"]).any()
     cond = loaded[0].condition
-    assert cond.colour in R.PALETTE
+    assert colour(cond) in PALETTE
     if option in ("alpha_readout", "tapernorm"):  # neither scale-invariant nor raw
         assert not cond.scale_invariant_readout and not cond.raw_readout

@@ -11,7 +11,7 @@ import torch
 from loopscale import ouro
 from loopscale.config import ConfigError, RunConfig, preset, preset_dict
 from loopscale.io import CheckpointError
-from loopscale.model import build_model
+from loopscale.model import LoopedLM, build_model, count_params
 
 torch.set_num_threads(1)
 
@@ -120,7 +120,7 @@ def test_presets_match_the_published_config():
     m = preset("ouro-1.4b").model
     assert (m.arch, m.n_layers, m.d_model, m.n_heads, m.n_kv_heads, m.d_ff, m.vocab_size, m.n_loops,
             m.rope_theta, m.norm_eps) == ("ouro", 24, 2048, 16, 16, 5632, 49152, 4, 1e6, 1e-6)
-    n = ouro.count_params(m)
+    n = count_params(m)
     assert 1.3e9 < n < 1.5e9, n  # "1.4B" (untied head counted)
     for name in ("ouro-tiny", "ouro-smoke"):
         assert preset(name).model.arch == "ouro"
@@ -184,14 +184,15 @@ def test_bad_checkpoints_are_one_line_errors(tmp_path):
 def test_config_validation():
     d = preset_dict("ouro-tiny")
     for change, match in (({"readout": "final_norm"}, "not a readout of model.arch=ouro"),
-                          ({"recurrence": "residual"}, "inter_loop_norm"),
+                          ({"recurrence": "spectral_damping"}, "leave model.recurrence out"),
                           ({"n_kv_heads": 3}, "divisible by model.n_kv_heads"),
                           ({"arch": "transformer"}, "model.arch")):
         bad = {**d, "model": {**d["model"], **change}}
         with pytest.raises(ConfigError, match=match):
             RunConfig.from_dict(bad)
     s = preset_dict("smoke")
-    with pytest.raises(ConfigError, match="Ouro track"):
+    with pytest.raises(ConfigError, match=r"^model.readout 'final_alpha' is not a readout of model.arch=looped "
+                                          r"\(it is one of model.arch=ouro\); choose one of rmsnorm, layernorm"):
         RunConfig.from_dict({**s, "model": {**s["model"], "readout": "final_alpha"}})
     with pytest.raises(ConfigError, match=r"model.alpha_fixed must be .*\[0, 1\]"):
         RunConfig.from_dict({**d, "model": {**d["model"], "alpha_fixed": 1.5}})
@@ -200,7 +201,7 @@ def test_config_validation():
 # ---------------------------------------------------------------------------
 # readout variants
 # ---------------------------------------------------------------------------
-def tiny(readout: str, **model) -> ouro.OuroLM:
+def tiny(readout: str, **model) -> LoopedLM:
     torch.manual_seed(0)
     cfg = preset("ouro-tiny", {"model": {"readout": readout, **model}}).model
     return build_model(cfg).eval()

@@ -10,9 +10,11 @@ import pytest
 import torch
 
 from loopscale import fineweb as FW
+from loopscale import train as T
 from loopscale import train_stream as TS
 from loopscale import io as IO
 from loopscale.config import ConfigError, preset
+from loopscale.io import CheckpointError
 from loopscale.rundir import Preempted
 
 WORDS = [f"w{i}" for i in range(60)]
@@ -119,16 +121,16 @@ def test_streamed_run_resumes_bit_for_bit(corpus, tmp_path, monkeypatch):
     lrs = [json.loads(l)["lr"] for l in (tmp_path / "full" / "metrics.jsonl").read_text().splitlines()]
     assert lrs == pytest.approx([TS.cosine_lr(k, 2, 4, 3e-3, 3e-5) for k in range(1, 5)])
 
-    orig = IO.atomic_torch_save
+    orig = T.atomic_torch_save
 
     def stop_after_state(path, obj):
         orig(path, obj)
         if path.name == "state.pt":
             raise KeyboardInterrupt
-    monkeypatch.setattr(IO, "atomic_torch_save", stop_after_state)
+    monkeypatch.setattr(T, "atomic_torch_save", stop_after_state)
     with pytest.raises(KeyboardInterrupt):
         TS.train_stream(run_cfg(), s, tmp_path / "cut")
-    monkeypatch.setattr(IO, "atomic_torch_save", orig)
+    monkeypatch.setattr(T, "atomic_torch_save", orig)
     assert IO.load_checkpoint(tmp_path / "cut" / "state.pt")["consumed"] == [8]
     resumed = TS.train_stream(run_cfg(), s, tmp_path / "cut")
     assert resumed["steps"] == 4
@@ -136,11 +138,11 @@ def test_streamed_run_resumes_bit_for_bit(corpus, tmp_path, monkeypatch):
     b = IO.load_checkpoint(tmp_path / "cut" / "model.pt")["model"]
     assert all(torch.equal(a[k], b[k]) for k in a)
     # a state.pt of other settings is refused; one of a longer max_steps resumes
-    monkeypatch.setattr(IO, "atomic_torch_save", stop_after_state)
+    monkeypatch.setattr(T, "atomic_torch_save", stop_after_state)
     with pytest.raises(KeyboardInterrupt):
         TS.train_stream(run_cfg(), s, tmp_path / "other")
-    monkeypatch.setattr(IO, "atomic_torch_save", orig)
-    with pytest.raises(ConfigError, match="other settings"):
+    monkeypatch.setattr(T, "atomic_torch_save", orig)
+    with pytest.raises(CheckpointError, match="other settings"):
         TS.train_stream(run_cfg(lr=1e-3), s, tmp_path / "other")
     assert TS.train_stream(run_cfg(max_steps=5), s, tmp_path / "other")["steps"] == 5
 
@@ -152,8 +154,8 @@ def test_pure_bf16_and_evaluation_of_a_streamed_run(corpus, tmp_path):
     assert r["status"] == "completed"
     ck = IO.load_checkpoint(tmp_path / "run" / "model.pt")
     assert ck["model"]["model.layers.0.mlp.up_proj.weight"].dtype == torch.bfloat16
-    from loopscale.evaluate import load_model
-    model, cfg, _ = load_model(tmp_path / "run" / "model.pt")
+    from loopscale import load
+    model, _, cfg = load(tmp_path / "run" / "model.pt")
     with torch.no_grad():
         assert cfg.model.arch == "ouro" and math.isfinite(float(model.logits(model(torch.ones(1, 4).long())[-1]).sum()))
 
@@ -204,7 +206,6 @@ def test_sigterm_checkpoints_a_streamed_run_that_then_resumes_exactly(corpus, tm
     import os
     import signal
 
-    from loopscale import train as T
     root, _, _ = corpus
     s = settings(root)
     cfg = lambda: preset("ouro-smoke", {"model": {"seq_len": 16, "dropout": 0.2},  # noqa: E731
@@ -235,7 +236,6 @@ def test_sigterm_checkpoints_a_streamed_run_that_then_resumes_exactly(corpus, tm
 def test_a_crash_between_checkpoints_resumes_without_duplicate_log_records(corpus, tmp_path, monkeypatch):
     """A run killed after step 3 of a ckpt_every=2 run resumes from step 2: the records of step
     3 written before the kill are dropped and written again, once."""
-    from loopscale import train as T
     root, _, _ = corpus
     s = settings(root)
     cfg = lambda: run_cfg(max_steps=5, ckpt_every=2)  # noqa: E731
@@ -395,7 +395,6 @@ def test_a_finished_streamed_run_is_kept_not_retrained(finished_stream, capsys, 
     """train-stream rerun on its finished run (also with only train.threads changed): exit 0, the
     finished summary printed, a line saying the run is finished, and not a byte or an mtime of
     the directory changed; nothing is trained."""
-    from loopscale import train as T
     root, run = finished_stream
     before, summary = tree(run), json.loads((run / "summary.json").read_text())
     monkeypatch.setattr(T, "train_step", lambda *a, **kw: pytest.fail("a finished run was trained again"))
@@ -445,7 +444,6 @@ def test_a_finished_streamed_run_from_before_result_fingerprints_is_recognised(f
 def test_a_finished_streamed_run_whose_outputs_snakemake_deleted_is_kept(finished_stream, caplog, monkeypatch):
     """snakemake --rerun-incomplete deletes model.pt and summary.json of a job it thinks
     unfinished: the rerun puts the finished run back from its second names, not retraining it."""
-    from loopscale import train as T
     root, run = finished_stream
     weights, summary = (run / "model.pt").read_bytes(), (run / "summary.json").read_bytes()
     (run / "model.pt").unlink()

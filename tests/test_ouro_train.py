@@ -11,6 +11,7 @@ import loopscale
 from loopscale import ouro, ouro_tools
 from loopscale.config import eval_preset, preset
 from loopscale.diagnostics import run_all
+from loopscale.model import LoopedLM
 from loopscale.objective import compute_loss
 from loopscale.train import train
 
@@ -28,7 +29,7 @@ def test_every_ouro_readout_trains_and_loads(smoke_data, tmp_path, readout):
     s = train(cfg(readout), smoke_data, tmp_path / "run", progress=False)
     assert s["status"] == "completed", s
     model, tok, c = loopscale.load(tmp_path / "run")
-    assert isinstance(model, ouro.OuroLM) and c.model.readout == readout
+    assert isinstance(model, LoopedLM) and c.model.readout == readout
     lines = [json.loads(l) for l in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     losses = [r["loss"] for r in lines if "loss" in r]
     assert losses and all(math.isfinite(x) for x in losses)
@@ -81,7 +82,7 @@ def test_loopscale_load_reads_a_hugging_face_ouro_directory(tmp_path):
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     tok.save(str(path / "tokenizer.json"))
     model, t, c = loopscale.load(path)
-    assert isinstance(model, ouro.OuroLM) and not model.training
+    assert isinstance(model, LoopedLM) and not model.training
     assert c.model.arch == "ouro" and c.model.n_loops == 4 and c.model.d_ff == 48
     ref, _ = ouro.from_pretrained(path)
     ids = torch.tensor([t.encode("w1 w5 w9 w2").ids])

@@ -17,6 +17,7 @@ from loopscale.model import LoopedLM
 from loopscale.report.tables import build_tables
 from loopscale.report.figures import write_figures
 from loopscale.report.runs import load_runs
+from loopscale.report import styles as S
 from loopscale.train import train
 
 
@@ -30,7 +31,7 @@ def test_condition_id_label_and_order():
     assert R.condition("rmsnorm", "per_loop", recurrence="inter_loop_norm").label == \
         "per-loop CE + RMSNorm readout + inter-loop norm"
     # the paper's seven Table-1 conditions first, in its order, then the additions
-    conds = [R.condition(*base) for base, _ in R.CANONICAL]
+    conds = [R.condition(*base) for base in R.CANONICAL_BASES]
     assert sorted(reversed(conds), key=R.Condition.sort_key) == conds
     extra = R.condition("raw", "per_loop", recurrence="inter_loop_norm")
     assert sorted([extra, conds[0]], key=R.Condition.sort_key) == [conds[0], extra]
@@ -39,13 +40,16 @@ def test_condition_id_label_and_order():
 
 
 def test_styles_are_colour_blind_safe_and_distinct():
-    conds = [R.condition(*base) for base, _ in R.CANONICAL]
-    assert all(c.colour in R.PALETTE for c in conds)
-    assert len({(c.colour, str(c.linestyle), c.marker) for c in conds}) == len(conds)
+    conds = [R.condition(*base) for base in R.CANONICAL_BASES]
+    assert all(S.colour(c) in S.PALETTE for c in conds)
+    assert len({(S.colour(c), str(S.linestyle(c)), S.marker(c)) for c in conds}) == len(conds)
     rms, ln = R.condition("rmsnorm", "per_loop"), R.condition("layernorm", "per_loop")
-    assert rms.linestyle != ln.linestyle and rms.marker != ln.marker  # not by colour alone
+    assert S.linestyle(rms) != S.linestyle(ln) and S.marker(rms) != S.marker(ln)  # not by colour alone
     # conditions outside the canonical list still get a palette colour
-    assert R.condition("raw", "per_loop", "norm_penalty", "inter_loop_norm").colour in R.PALETTE
+    assert S.colour(R.condition("raw", "per_loop", "norm_penalty", "inter_loop_norm")) in S.PALETTE
+    # every readout is drawn: its own style, the default one, or (unregistered) the unknown one
+    assert set(S.READOUT_STYLE) <= set(R.READOUTS)
+    assert S.readout_style("no_such_readout") == S.UNKNOWN_STYLE
 
 
 def _lab(colour: str) -> tuple:
@@ -69,17 +73,17 @@ def test_every_registered_condition_has_its_own_colour():
     and the two scale-invariant per-loop readouts, which sit on top of each other in the
     figures, far apart (the Okabe–Ito vermillion and orange they had were 33 apart)."""
     conds = [R.condition(*base) for base in R.CANONICAL_BASES]
-    colours = [c.colour for c in conds]
-    assert len(set(colours)) == len(conds) and set(colours) <= set(R.PALETTE)
+    colours = [S.colour(c) for c in conds]
+    assert len(set(colours)) == len(conds) and set(colours) <= set(S.PALETTE)
     for i, a in enumerate(conds):
         for b in conds[i + 1:]:
-            assert _delta_e(a.colour, b.colour) >= 25, (a.label, b.label, a.colour, b.colour)
+            assert _delta_e(S.colour(a), S.colour(b)) >= 25, (a.label, b.label, S.colour(a), S.colour(b))
     rms, ln = R.condition("rmsnorm", "per_loop"), R.condition("layernorm", "per_loop")
-    assert _delta_e(rms.colour, ln.colour) >= 50
+    assert _delta_e(S.colour(rms), S.colour(ln)) >= 50
     assert _delta_e("#D55E00", "#E69F00") < 50  # the rule above tells the old pair's colours apart
     # the other conditions cycle through the palette from after the registered ones
-    others = [R.condition(*b) for b in R._all_bases() if b not in R.CANONICAL_BASES]
-    assert others[0].colour == R.PALETTE[len(R.CANONICAL_BASES) % len(R.PALETTE)]
+    others = [R.condition(*b) for b in R.all_bases() if b not in R.CANONICAL_BASES]
+    assert S.colour(others[0]) == S.PALETTE[len(R.CANONICAL_BASES) % len(S.PALETTE)]
 
 
 def test_readout_semantics():
@@ -96,8 +100,9 @@ def test_readout_semantics():
 def test_a_readout_added_through_the_registry_trains_evaluates_and_reports(monkeypatch, smoke_data, tmp_path,
                                                                              one_thread):
     toy = R.Readout("toy_final_ln", "final-only LayerNorm", None, "layernorm",
-                    "raw exits k < K, LayerNorm at exit K (test only)", linestyle=":", marker="v")
+                    "raw exits k < K, LayerNorm at exit K (test only)")
     monkeypatch.setitem(R.READOUTS, toy.name, toy)
+    monkeypatch.setitem(S.READOUT_STYLE, toy.name, (":", "v"))  # optional: else styles.DEFAULT_STYLE
     with pytest.raises(C.ConfigError, match="model.readout: unknown value 'nope'.*toy_final_ln"):
         C.preset("smoke", {"model": {"readout": "nope"}})
 
@@ -126,6 +131,25 @@ def test_a_readout_added_through_the_registry_trains_evaluates_and_reports(monke
     assert list(radial["exit_readout"]) == ["raw"] * (K - 1) + ["layernorm"]
     assert not pd.isna(main["ppl_K_mean"]).any()
     toy_cond = loaded[0].condition
-    assert toy_cond.colour in R.PALETTE and toy_cond.linestyle == ":" and toy_cond.marker == "v"
+    assert S.colour(toy_cond) in S.PALETTE and S.linestyle(toy_cond) == ":" and S.marker(toy_cond) == "v"
     pngs = write_figures(loaded, tmp_path / "figures")
     assert all(p.stat().st_size > 1000 for p in pngs)
+
+
+def test_one_readout_registry_names_each_readouts_architectures():
+    """The Ouro track's readouts are entries of READOUTS like the others, for model.arch=ouro;
+    they come after every other readout in tables and each has a colour of its own."""
+    assert R.readouts_of("looped") == ("rmsnorm", "layernorm", "raw", "final_norm", "alpha_readout", "tapernorm")
+    assert R.readouts_of("ouro") == ("rmsnorm", "final_raw", "final_alpha", "per_loop_alpha")
+    assert R.axis_values("readout") == tuple(R.READOUTS)
+    fin_raw, fin_alpha, per_loop = (R.READOUTS[n] for n in ("final_raw", "final_alpha", "per_loop_alpha"))
+    assert [fin_raw.norm_at(k, 3) for k in (1, 2, 3)] == ["rmsnorm", "rmsnorm", "raw"]
+    assert fin_alpha.exits_differ and per_loop.exits_differ and per_loop.per_loop and not fin_alpha.per_loop
+    assert not any(r.scale_invariant or r.raw for r in (fin_raw, fin_alpha, per_loop))
+    conds = [R.condition(r, "terminal", recurrence="inter_loop_norm") for r in R.readouts_of("ouro")]
+    assert sorted(conds, key=R.Condition.sort_key) == [conds[i] for i in (0, 2, 1, 3)]  # rmsnorm, then by name
+    assert len({S.colour(c) for c in conds}) == 4
+    # exits and exit K of different kinds only where the exits read the step norm (Ouro)
+    R.Readout("ok", "ok", "rmsnorm", "alpha", "", archs=("ouro",))
+    with pytest.raises(ValueError, match="one norm kind"):
+        R.Readout("mixed", "mixed", "rmsnorm", "alpha", "", archs=("looped", "ouro"))

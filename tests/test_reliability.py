@@ -14,7 +14,7 @@ import torch
 
 from loopscale import cli
 from loopscale.config import preset
-from loopscale.evaluate import load_model
+from loopscale.artifacts import load
 from loopscale.io import CheckpointError, load_checkpoint
 from loopscale.train import train
 
@@ -97,7 +97,7 @@ def test_truncated_checkpoints_give_a_clear_error(reference, tmp_path, smoke_dat
     bad = tmp_path / "model.pt"
     bad.write_bytes((reference / "model.pt").read_bytes()[:5000])
     with pytest.raises(CheckpointError, match="truncated or corrupted"):
-        load_model(bad)
+        load(bad)
     # a torn resumable state: the train command names the file and exits non-zero
     run = tmp_path / "run"
     run.mkdir()
@@ -130,7 +130,7 @@ def test_checkpoint_of_another_shape_is_refused(reference, tmp_path):
     ck["config"]["model"]["d_model"] = 64  # claims a wider model than its weights
     torch.save(ck, tmp_path / "model.pt")
     with pytest.raises(CheckpointError, match="does not match"):
-        load_model(tmp_path / "model.pt")
+        load(tmp_path / "model.pt")
 
 
 def _bad_inputs(data, tmp):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from loopscale.config import preset
-from loopscale.evaluate import load_model
+from loopscale.artifacts import load
 from loopscale.train import train
 
 
@@ -50,7 +50,7 @@ def test_run_writes_its_files_and_provenance(smoke_data, tmp_path):
     assert [r[0] for r in rec] == [4, 8, 12, 16, 20, 24]
     assert all(len(r[2]) == 3 and len(r[3]) == 3 for r in rec)  # CE and norm of every loop
     assert len(s["validation"]["val_ce"]) == 3
-    model, loaded, _ = load_model(run / "model.pt")
+    model, _, loaded = load(run / "model.pt")
     assert loaded.to_dict() == cfg().to_dict()
 
 

@@ -32,6 +32,7 @@ import hashlib
 import json
 import math
 import struct
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -43,8 +44,9 @@ from tokenizers import Tokenizer
 from . import ouro  # top level, so a run's bundled remote code (remote.py) carries it
 from .config import LIMITS as SIZE_LIMITS
 from .config import ModelConfig, RunConfig
-from .io import CheckpointError, atomic_write_bytes, atomic_write_json, atomic_write_text, weights_sha256
-from .model import ARCHITECTURES, LoopedLM
+from .io import (CheckpointError, atomic_write_bytes, atomic_write_json, atomic_write_text, load_checkpoint,
+                 weights_sha256)
+from .model import ARCHITECTURES, LoopedLM, build_model
 from .runfiles import FLOAT_DTYPES, INT_DTYPES, read_json, read_safetensors_header
 
 WEIGHTS = "model.safetensors"
@@ -190,25 +192,6 @@ def write_run_files(run_dir: str | Path, model: LoopedLM, record: dict, tokenize
     atomic_write_json(run / HF_CONFIG, hf_config(record, weights_sha256(state), tok_hash, token_ids))
 
 
-def write_artifacts(run_dir: str | Path, model: LoopedLM, cfg: RunConfig, data_dir: Optional[str | Path]) -> None:
-    """End of training: the artifact files; the run record is the one training wrote
-    (loopscale.json, or config.json in the older layout), else one built from `cfg`."""
-    run = Path(run_dir)
-    record = _existing_record(run)
-    if record is None or record.get("config") != cfg.to_dict():
-        record = {"config": cfg.to_dict(), "env": (record or {}).get("env") or {}, "data": (record or {}).get("data") or {}}
-    tok = Path(data_dir) / "tokenizer.json" if data_dir is not None else None
-    text = tok.read_bytes() if tok is not None and tok.is_file() else None
-    write_run_files(run, model, record, text)
-
-
-def _existing_record(run: Path) -> Optional[dict]:
-    try:
-        return read_record(run)[0]
-    except CheckpointError:
-        return None
-
-
 def export_run(run_dir: str | Path, data_dir: Optional[str | Path] = None) -> list[str]:
     """Write a trained run's artifact files from its model.pt; returns the files written.
 
@@ -219,32 +202,24 @@ def export_run(run_dir: str | Path, data_dir: Optional[str | Path] = None) -> li
     model_pt = run / "model.pt"
     if not model_pt.is_file():
         raise CheckpointError(f"{model_pt} not found: {run} is not a finished loopscale run")
-    from .evaluate import load_model
-    model, cfg, ckpt = load_model(model_pt)
-    record = _existing_record(run)
-    if record is not None:
-        _same_model(_run_config(record["config"], run / RECORD).model, cfg.model, run / RECORD, model_pt)
-    ck_data = ckpt.get("data") if isinstance(ckpt.get("data"), dict) else {}
-    if record is None:
+    model, _, cfg = got = load(model_pt)
+    ck_data = got.checkpoint.get("data") if isinstance(got.checkpoint.get("data"), dict) else {}
+    try:
+        record = read_record(run)[0]
+    except CheckpointError:  # none, or unreadable: model.pt's own
         record = {"config": cfg.to_dict(), "env": {}, "data": dict(ck_data)}
+    else:
+        _same_model(_run_config(record["config"], run / RECORD).model, cfg.model, run / RECORD, model_pt)
     src = Path(data_dir) / "tokenizer.json" if data_dir is not None else run / "tokenizer.json"
     if not src.is_file():
         raise FileNotFoundError(f"no tokenizer at {src}: give the run's data directory "
                                 f"(loopscale export {run} --data DATA)")
-    text = src.read_bytes()
-    have = hashlib.sha256(text).hexdigest()
-    for want, where in (((record.get("data") or {}).get("tokenizer_sha256"), "the run record"),
-                        (ck_data.get("tokenizer_sha256"), "model.pt")):
-        if want and have != want:
-            raise CheckpointError(f"{src} is not the tokenizer {run} was trained with (sha256 differs from "
-                                  f"the data.tokenizer_sha256 {where} recorded); give the run's own data directory")
-    tok = parse_tokenizer(text, src)
-    if tok.get_vocab_size(with_added_tokens=True) > cfg.model.vocab_size:
-        raise CheckpointError(f"{src} has {tok.get_vocab_size(with_added_tokens=True)} ids but the model's "
-                              f"embedding only {cfg.model.vocab_size}; give the run's own data directory")
+    load_tokenizer(src, [((record.get("data") or {}).get("tokenizer_sha256"), "the run record"),
+                         (ck_data.get("tokenizer_sha256"), "model.pt")], cfg.model.vocab_size,
+                   "give the run's own data directory")
     from .io import run_lock
     with run_lock(run, "loopscale export"):  # never beside a trainer or another writer of the run
-        write_run_files(run, model, record, text)
+        write_run_files(run, model, record, src.read_bytes())
     return [RECORD, WEIGHTS, MODELING, HF_CONFIG, *TOKENIZER_FILES]
 
 
@@ -293,11 +268,6 @@ def _same_model(a: ModelConfig, b: ModelConfig, where_a, where_b) -> None:
         if va != vb:
             raise CheckpointError(f"{where_a} says model.{key}={va!r} but {where_b} holds {vb!r}: "
                                   f"the run's files disagree (edited or mixed); re-export the run")
-
-
-def expected_shapes(m: ModelConfig) -> dict[str, tuple]:
-    """Every tensor of LoopedLM(m) with its shape, from a meta-device model (no memory)."""
-    return {k: shape for k, (shape, _) in expected_tensors(m).items()}
 
 
 def expected_tensors(m: ModelConfig) -> dict[str, tuple]:
@@ -379,27 +349,50 @@ def _model_pt_record(path: Path) -> tuple[Optional[dict], Optional[str]]:
     return ck["config"], h if isinstance(h, str) else None
 
 
-def load(run_dir: str | Path, device: str | torch.device = "cpu") -> tuple[LoopedLM, Tokenizer, RunConfig]:
-    """(model, tokenizer, config) of a run directory, the model in eval mode on `device`.
+@dataclass
+class Loaded:
+    """What `load` returns. It unpacks as (model, tokenizer, config), as `loopscale.load` always
+    has; `checkpoint` is the record a torch checkpoint keeps beside its weights (step, status,
+    data) where the weights came from one (model.pt, state.pt), else empty."""
+    model: LoopedLM
+    tokenizer: Optional[Tokenizer]
+    config: RunConfig
+    checkpoint: dict = field(default_factory=dict)
 
-    Weights from model.safetensors (else model.pt), the run config from loopscale.json (or an
-    older run's config.json, else the checkpoint's), tokenizer from tokenizer.json. Everything
-    is verified first (module docstring); a failure is one CheckpointError line."""
-    run = Path(run_dir)
+    def __iter__(self):
+        return iter((self.model, self.tokenizer, self.config))
+
+    def __getitem__(self, i):
+        return tuple(self)[i]
+
+
+def load(path: str | Path, device: str | torch.device = "cpu", *, tokenizer: bool = True) -> Loaded:
+    """The one loader of a model: (model, tokenizer, config), the model in eval mode on `device`.
+
+    `path` is a run directory, a published Hugging Face Ouro checkpoint directory, or a torch
+    checkpoint file (model.pt, state.pt; it carries no tokenizer). A run directory's weights come
+    from model.safetensors (else model.pt), its config from loopscale.json (or an older run's
+    config.json, else the checkpoint's), its tokenizer from tokenizer.json (`tokenizer=False`:
+    not read, None). Everything is verified first (module docstring); a failure is one
+    CheckpointError line."""
+    run = Path(path)
+    if run.is_file():
+        return _load_checkpoint_file(run, device)
     if not run.is_dir():
         raise FileNotFoundError(f"run directory {run} not found")
     weights = run / WEIGHTS
     if ouro.is_hf_checkpoint(run):  # a published Hugging Face Ouro checkpoint (ByteDance/Ouro-1.4B, ...)
         model, cfg = ouro.from_pretrained(run, device=device)
         tok_path = run / "tokenizer.json"
-        if not tok_path.is_file():
+        if tokenizer and not tok_path.is_file():
             raise FileNotFoundError(f"{tok_path} not found: the checkpoint directory needs its tokenizer")
-        return model, Tokenizer.from_file(str(tok_path)), cfg
-    if not weights.is_file():
-        from .evaluate import load_model
-        model, cfg, ckpt = load_model(run / "model.pt", device=device)
-        data = ckpt.get("data") if isinstance(ckpt.get("data"), dict) else {}
-        return model, load_tokenizer(run, [(data.get("tokenizer_sha256"), run / "model.pt")]), cfg
+        return Loaded(model, Tokenizer.from_file(str(tok_path)) if tokenizer else None, cfg)
+    if not weights.is_file():  # a run written before model.safetensors: its model.pt
+        got = _load_checkpoint_file(run / "model.pt", device)
+        if tokenizer:
+            got.tokenizer = _run_tokenizer(run, [((got.checkpoint.get("data") or {}).get("tokenizer_sha256"),
+                                                  run / "model.pt")], got.config.model.vocab_size)
+        return got
     record, rec_path = read_record(run)
     cfg = _run_config(record["config"], rec_path)
     m = cfg.model
@@ -440,11 +433,32 @@ def load(run_dir: str | Path, device: str | torch.device = "cpu") -> tuple[Loope
     except RuntimeError as e:
         raise CheckpointError(f"{weights} does not match {rec_path}'s model shape: "
                               f"{str(e).splitlines()[0][:200]}") from None
-    tok = load_tokenizer(run, tok_hashes)
-    if tok.get_vocab_size(with_added_tokens=True) > m.vocab_size:
-        raise CheckpointError(f"{run / 'tokenizer.json'} has {tok.get_vocab_size(with_added_tokens=True)} ids "
-                              f"but the model's embedding only {m.vocab_size}: not this run's tokenizer")
-    return model.to(device).eval(), tok, cfg
+    return Loaded(model.to(device).eval(), _run_tokenizer(run, tok_hashes, m.vocab_size) if tokenizer else None, cfg)
+
+
+def _run_tokenizer(run: Path, recorded: list, vocab_size: int) -> Tokenizer:
+    path = run / "tokenizer.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} not found: run `loopscale export {run} --data DATA` first")
+    return load_tokenizer(path, recorded, vocab_size)
+
+
+def _load_checkpoint_file(path: Path, device: str | torch.device) -> Loaded:
+    """A torch checkpoint (model.pt or a training state.pt): its weights verified by
+    io.load_checkpoint, its model built from the config it carries."""
+    ckpt = load_checkpoint(path, map_location=device)
+    try:
+        cfg = RunConfig.from_checkpoint(ckpt["config"])  # drops the `eval` of older checkpoints
+    except Exception as e:
+        raise CheckpointError(f"checkpoint {path} carries an invalid config: {e}") from None
+    model = build_model(cfg.model)
+    try:
+        model.load_state_dict(ckpt["model"])
+    except RuntimeError as e:
+        raise CheckpointError(f"checkpoint {path} does not match its config's model shape: "
+                              f"{str(e).splitlines()[0][:200]}") from None
+    record = {k: v for k, v in ckpt.items() if k not in ("model", "optimizer")}
+    return Loaded(model.to(device).eval(), None, cfg, record)
 
 
 def check_hf_config(hf, m: ModelConfig, fp: str, hf_path: Path, rec_path: Path) -> tuple[Optional[str], Path]:
@@ -464,18 +478,21 @@ def check_hf_config(hf, m: ModelConfig, fp: str, hf_path: Path, rec_path: Path) 
     return ls.get("weights_sha256"), hf_path
 
 
-def load_tokenizer(run: Path, recorded: list[tuple[Optional[str], Path]]) -> Tokenizer:
-    """tokenizer.json, verified against every tokenizer hash the run recorded."""
-    path = run / "tokenizer.json"
-    if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: run `loopscale export {run} --data DATA` first")
+def load_tokenizer(path: Path, recorded: list[tuple[Optional[str], object]], vocab_size: int,
+                   fix: str = "copy back the run's own") -> Tokenizer:
+    """tokenizer.json at `path`, verified against every tokenizer hash the run recorded
+    ((hash, where) pairs) and the model's vocabulary; `fix` ends each error line."""
     text = path.read_bytes()
     have = hashlib.sha256(text).hexdigest()
     for want, where in recorded:
         if isinstance(want, str) and want and want != have:
             raise CheckpointError(f"{path} is not the tokenizer this run was trained with (sha256 differs from "
-                                  f"the data.tokenizer_sha256 {where} recorded); copy back the run's own")
-    return parse_tokenizer(text, path)
+                                  f"the data.tokenizer_sha256 {where} recorded); {fix}")
+    tok = parse_tokenizer(text, path)
+    if tok.get_vocab_size(with_added_tokens=True) > vocab_size:
+        raise CheckpointError(f"{path} has {tok.get_vocab_size(with_added_tokens=True)} ids but the model's "
+                              f"embedding only {vocab_size}: not this run's tokenizer; {fix}")
+    return tok
 
 
 # ---------------------------------------------------------------------------

@@ -135,13 +135,13 @@ def flop_count(cfg: RunConfig) -> dict:
     m = cfg.model
     K = m.n_loops
     R = K if cfg.objective.loss in ("per_loop", "adaptive") else 1  # readouts whose CE enters the loss
-    fwd = flops_per_token(m, K, R)
-    head = R * 2 * m.d_model * m.vocab_size
-    return {"forward_per_token": fwd, "train_per_token": 3 * fwd, "stack_forward_per_token": fwd - head,
-            "head_forward_per_token": head, "loops": K, "readouts": R,
-            "rule": ("train = 3 x forward matmul FLOPs (2 per multiply-add); forward = K x n_layers x "
-                     "[2(4d^2 + 3 d d_ff) + 2 T d (causal QK^T and AV)] + readouts x 2 d V; embeddings, "
-                     "norms, softmax and optimizer not counted; the chunked CE adds no recomputation")}
+    fwd, stack = flops_per_token(m, K, R), flops_per_token(m, K, 0)
+    return {"forward_per_token": fwd, "train_per_token": 3 * fwd, "stack_forward_per_token": stack,
+            "head_forward_per_token": fwd - stack, "loops": K, "readouts": R,
+            "rule": ("train = 3 x forward matmul FLOPs (2 per multiply-add); forward = model.flops_per_token: "
+                     "K x (n_layers x [2(2d^2 + 2 d d_kv + 3 d d_ff) + 2 T d (causal QK^T and AV)] + the exit "
+                     "gate's 2d) + readouts x 2 d V; embeddings, norms, softmax and optimizer not counted; the "
+                     "chunked CE adds no recomputation")}
 
 
 # ---------------------------------------------------------------------------

@@ -70,8 +70,8 @@ class ModelConfig:
     taper_warmup_frac: float = 0.05  # share of training at gate 1 (taper_norm.gate_warmup_frac)
     taper_decay_frac: Optional[float] = None  # share of training the gate decays over (None: the rest)
     exit_gate: bool = False  # a learned exit gate Linear(d, 1) on H_k (on whenever objective.loss reads it)
-    arch: str = "looped"  # loopscale.registry.ARCHS: looped (LoopedLM) | ouro (loopscale.ouro.OuroLM)
-    n_kv_heads: int = 0  # ouro: key/value heads (grouped-query attention); 0 = n_heads
+    arch: str = "looped"  # loopscale.registry.ARCHS (loopscale.model.ARCHITECTURES): looped | ouro
+    n_kv_heads: int = 0  # key/value heads (grouped-query attention); 0 = n_heads
     rope_theta: float = 1e6  # ouro: RoPE base
 
 
@@ -552,7 +552,7 @@ def _coerce(tp, v, key):
 def _choices() -> dict:
     """Allowed values per setting (read at validation time: the registry is the source)."""
     return {
-        ("model", "readout"): tuple(registry.READOUTS) + tuple(registry.OURO_READOUTS),
+        ("model", "readout"): tuple(registry.READOUTS),
         ("model", "arch"): tuple(registry.ARCHS),
         ("model", "recurrence"): tuple(registry.RECURRENCES),
         ("model", "init"): INITS,
@@ -773,22 +773,22 @@ def validate(cfg: RunConfig) -> None:
 
 def _check_arch(cfg: RunConfig) -> None:
     """The settings each architecture allows (registry.ARCHS)."""
-    m, o = cfg.model, cfg.objective
-    if m.arch == "looped":
-        if m.readout not in registry.READOUTS:
-            raise ConfigError(f"model.readout {m.readout!r} is a readout of the Ouro track (model.arch=ouro); "
-                              f"the looped model takes one of {', '.join(registry.READOUTS)}")
-        return
-    ouro_readouts = ("rmsnorm", *registry.OURO_READOUTS)
-    if m.readout not in ouro_readouts:
-        raise ConfigError(f"model.readout {m.readout!r} is not a readout of model.arch=ouro; "
-                          f"choose one of {', '.join(ouro_readouts)}")
-    if m.recurrence != "inter_loop_norm":
-        raise ConfigError("model.arch=ouro needs model.recurrence=inter_loop_norm (Ouro applies model.norm after "
-                          "every recurrent step, before the next one)")
+    m = cfg.model
+    readout = registry.READOUTS[m.readout]
+    if not readout.applies_to(m.arch):
+        raise ConfigError(f"model.readout {m.readout!r} is not a readout of model.arch={m.arch} (it is one of "
+                          f"model.arch={'|'.join(readout.archs)}); choose one of "
+                          f"{', '.join(registry.readouts_of(m.arch))}")
     kv = m.n_kv_heads or m.n_heads
     if m.n_heads % kv:
         raise ConfigError(f"model.n_heads ({m.n_heads}) must be divisible by model.n_kv_heads ({kv})")
+    if m.arch == "looped":
+        return
+    # Ouro's recurrence is its step norm (model.norm after every step, also the exits' readout):
+    # model.recurrence is not read; it may say so (inter_loop_norm) or be left at its default
+    if m.recurrence not in ("residual", "inter_loop_norm"):
+        raise ConfigError(f"model.recurrence={m.recurrence} does not apply to model.arch=ouro (its recurrence is "
+                          f"its step norm, model.norm); leave model.recurrence out")
     if (m.d_model // m.n_heads) % 2:
         raise ConfigError(f"model.arch=ouro needs an even head size for RoPE, got d_model/n_heads = "
                           f"{m.d_model // m.n_heads}")

@@ -56,7 +56,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
 import zipfile
 from pathlib import Path

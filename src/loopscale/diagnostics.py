@@ -42,7 +42,7 @@ from .halting import halting
 from .io import atomic_write_json
 from .linear_ce import linear_cross_entropy
 from .model import LoopedLM, flops_per_token
-from .registry import DIAGNOSTICS as _REGISTRY, readout_spec
+from .registry import DIAGNOSTICS as _REGISTRY, READOUTS
 from .runtime import ppl, sync
 
 DIAGNOSTICS = tuple(_REGISTRY)
@@ -76,7 +76,7 @@ def depth(run: EvalRun) -> tuple[dict, int]:
     kmax = e.depth_factor * K
     deep = exit_losses(model, run.tokens, e.batch_size, e.max_tokens, n_loops=kmax, device=run.device,
                        final_readout_only=True)
-    if readout_spec(run.cfg.model.readout).exits_differ:
+    if READOUTS[run.cfg.model.readout].exits_differ:
         ex = exit_losses(model, run.tokens, e.batch_size, e.max_tokens, n_loops=K, device=run.device)
     else:
         ex = {key: deep[key][:K] if isinstance(deep[key], list) else deep[key] for key in deep}
@@ -201,7 +201,7 @@ def radial(run: EvalRun) -> tuple[dict, int]:
             abs_sum[k] += cos.abs().sum().cpu()
         n += y.numel()
 
-    spec = readout_spec(run.cfg.model.readout)
+    spec = READOUTS[run.cfg.model.readout]
     loops = [{"k": k + 1, "readout": spec.norm_at(k + 1, K), "radial_fraction": float(cos2_sum[k] / n),
               "mean_cos": float(cos_sum[k] / n), "mean_abs_cos": float(abs_sum[k] / n)} for k in range(K)]
     return {"k_train": K, "loops": loops}, n

@@ -9,7 +9,6 @@ every target token is scored once), the model runs in fp32 with dropout off.
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Optional
@@ -19,10 +18,11 @@ import torch
 from tqdm.auto import tqdm
 
 from . import data as D
+from .artifacts import load, read_record
 from .config import EvalConfig, RunConfig, load_eval_config
-from .io import CheckpointError, load_checkpoint
+from .io import CheckpointError
 from .linear_ce import linear_cross_entropy
-from .model import LoopedLM, build_model
+from .model import LoopedLM
 from .objective import mean_token_norm
 from .runtime import ppl, resolve_device
 
@@ -70,22 +70,6 @@ def exit_losses(model: LoopedLM, tokens, batch_size: int, max_tokens: int = 0,
             "norm": (norm_sum / max(n_tok, 1)).tolist()}
 
 
-def load_model(path: str | Path, device: torch.device | str = "cpu") -> tuple[LoopedLM, RunConfig, dict]:
-    """Load a trained model (`model.pt` or a training `state.pt`) with its resolved config."""
-    ckpt = load_checkpoint(path, map_location=device)
-    try:
-        cfg = RunConfig.from_checkpoint(ckpt["config"])  # drops the `eval` of older checkpoints
-    except Exception as e:
-        raise CheckpointError(f"checkpoint {path} carries an invalid config: {e}") from None
-    model = build_model(cfg.model)
-    try:
-        model.load_state_dict(ckpt["model"])
-    except RuntimeError as e:
-        raise CheckpointError(f"checkpoint {path} does not match its config's model shape: "
-                              f"{str(e).splitlines()[0][:200]}") from None
-    return model.to(device).eval(), cfg, ckpt
-
-
 # ---------------------------------------------------------------------------
 # one run, opened for evaluation
 # ---------------------------------------------------------------------------
@@ -116,15 +100,12 @@ def check_data_matches(cfg: RunConfig, meta: dict, model_path, data_dir, recorde
     """Refuse a data directory that is not the one the run was trained on (one-line error).
 
     `recorded`: the data record inside the checkpoint (train.py writes it); without one, the
-    run's config.json beside the model file."""
+    run record beside the model file (artifacts.read_record)."""
     trained_on = recorded or None
-    run_cfg = Path(model_path).parent / "loopscale.json"  # written by train.py beside model.pt
-    if not run_cfg.is_file():
-        run_cfg = run_cfg.with_name("config.json")  # runs written before loopscale.json existed
-    if trained_on is None and run_cfg.is_file():
+    if trained_on is None:
         try:
-            trained_on = json.loads(run_cfg.read_text()).get("data") or None
-        except (json.JSONDecodeError, OSError, AttributeError):
+            trained_on = read_record(Path(model_path).parent)[0].get("data") or None
+        except CheckpointError:
             trained_on = None
     here = meta.get("vocab_size")
     ours = (trained_on or {}).get("vocab_size")
@@ -157,7 +138,8 @@ def open_run(model_path, data_dir, overrides: Optional[list[str]] = None, device
     model_path, data_dir = Path(model_path), Path(data_dir)
     if not model_path.is_file():  # before touching the device
         raise CheckpointError(f"checkpoint {model_path} not found; train the run first (loopscale train)")
-    model, cfg, ckpt = load_model(model_path, device="cpu")
+    model, _, cfg = got = load(model_path)
+    ckpt = got.checkpoint
     dev = resolve_device(device or ecfg.device)
     meta = D.load_meta(data_dir)
     check_data_matches(cfg, meta, model_path, data_dir, ckpt.get("data"))
@@ -168,9 +150,7 @@ def open_run(model_path, data_dir, overrides: Optional[list[str]] = None, device
         if len(tokens) < cfg.model.seq_len + 1:
             raise D.DataError(f"the validation split of {data_dir} has {len(tokens)} tokens, fewer than one "
                               f"window of seq_len+1 = {cfg.model.seq_len + 1} of checkpoint {model_path}")
-    model = model.to(dev).float().eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
+    model = model.to(dev).float().eval().requires_grad_(False)
     return EvalRun(model=model, cfg=cfg, ecfg=ecfg, tokens=tokens, device=dev, step=ckpt.get("step"),
                    status=status, model_path=model_path, data_dir=data_dir, progress=progress)
 
@@ -188,9 +168,7 @@ def tokens_run(model: LoopedLM, cfg: RunConfig, tokens, eval_config: Optional[Ev
         raise D.DataError(f"{source}: token ids must lie in [0, {cfg.model.vocab_size}) (the model's vocabulary), "
                           f"got {int(tokens.min())}..{int(tokens.max())}")
     dev = resolve_device(str(device))
-    model = model.to(dev).float().eval()
-    for p in model.parameters():
-        p.requires_grad_(False)
+    model = model.to(dev).float().eval().requires_grad_(False)
     return EvalRun(model=model, cfg=cfg, ecfg=eval_config or EvalConfig(), tokens=tokens, device=dev, step=None,
                    status="ok", model_path=Path(source), data_dir=Path(source), progress=progress)
 

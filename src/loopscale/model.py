@@ -15,7 +15,8 @@ decide the paper's story:
                  spectral_damping     σ(a)·H_k feeds loop k+1 (a learned scalar)
 
 An optional exit gate (model.exit_gate; the adaptive loss reads it) maps H_k (or r(H_k)) to the
-logit of exiting at loop k. The readouts are declared in loopscale.registry.
+logit of exiting at loop k. The readouts are entries of loopscale.registry.READOUTS (each names
+the architectures it applies to); the norms they are made of are modules of loopscale.readouts.
 
 The rest of the network is an `Architecture`, a named entry of `ARCHITECTURES` (`model.arch`):
 
@@ -26,8 +27,9 @@ The rest of the network is an `Architecture`, a named entry of `ARCHITECTURES` (
   ouro    ByteDance's published Ouro (Appendix B): rotary positions, grouped key/value heads,
           sandwich-norm blocks (a norm before and after attention and the MLP), RMSNorm in fp32,
           an untied head, one step norm that is both the inter-loop norm and the readout at the
-          exits k < K, an exit gate on r(H_k) always present. Its published parameter names map
-          to ours in `to_published` / `from_published`, so its state dicts keep those names.
+          exits k < K (so model.recurrence is not read), an exit gate on r(H_k) always present.
+          Its published parameter names map to ours in `to_published` / `from_published`, so
+          its state dicts keep those names.
 """
 from __future__ import annotations
 
@@ -39,8 +41,8 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from .config import ModelConfig
-from .readouts import AlphaReadout, TaperNorm, drive_tapers
-from .registry import GATED_LOSSES, readout_spec
+from .readouts import build_norm, drive_tapers
+from .registry import GATED_LOSSES, READOUTS
 
 
 @dataclass(frozen=True)
@@ -51,7 +53,7 @@ class Architecture:
     sandwich: bool  # a norm after attention and after the MLP too (else pre-norm only)
     fp32_norm: bool  # RMSNorm computed in fp32, cast back, then the gain (else nn.RMSNorm)
     tied_head: bool  # the head is the token embedding (else a Linear of its own, lm_head)
-    shared_step_norm: bool  # the inter-loop norm is also the readout of the exits k < K
+    shared_step_norm: bool  # the inter-loop norm is also the readout of the exits k < K (model.recurrence unread)
     gate_on_readout: bool  # the exit gate reads r(H_k) at exit k, in fp32 (else H_k)
     always_gated: bool  # the model holds an exit gate whatever model.exit_gate says
     residual_dropout: bool  # dropout on the embedding sum and the MLP output (attention's always)
@@ -74,23 +76,9 @@ def architecture(cfg: ModelConfig) -> Architecture:
     return ARCHITECTURES[getattr(cfg, "arch", "looped")]
 
 
-class RMSNorm(nn.Module):
-    """RMSNorm as Ouro computes it: in fp32, cast back to the input dtype, then the gain."""
-
-    def __init__(self, d: int, eps: float):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        return self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-
-
 def rms_norm(cfg: ModelConfig) -> nn.Module:
-    """The architecture's RMSNorm (blocks, step norm, RMSNorm readout)."""
-    return RMSNorm(cfg.d_model, cfg.norm_eps) if architecture(cfg).fp32_norm else \
-        nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps)
+    """The architecture's RMSNorm (blocks, inter-loop norm)."""
+    return build_norm("rmsnorm", cfg, fp32=architecture(cfg).fp32_norm)
 
 
 def rope(x: torch.Tensor, start: int, theta: float) -> torch.Tensor:
@@ -193,24 +181,6 @@ class Block(nn.Module):
         return x + (m if self.drop is None else self.drop(m))
 
 
-def make_norm(kind: str, cfg: ModelConfig) -> nn.Module:
-    """A readout norm by its registry name (Readout.exit_norm / final_norm)."""
-    if kind == "layernorm":
-        return nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=False)
-    if kind == "rmsnorm":
-        return rms_norm(cfg)
-    if kind == "alpha" and architecture(cfg).official_alpha:  # the official Ouro trainer's
-        return AlphaReadout(cfg.d_model, init_alpha=cfg.alpha_init, fixed_alpha=cfg.alpha_fixed, s_ref="learned",
-                            eps=cfg.norm_eps)
-    if kind == "alpha":
-        return AlphaReadout(cfg.d_model, init_alpha=cfg.alpha_init, fixed_alpha=cfg.alpha_fixed,
-                            alpha_min=cfg.alpha_min, alpha_max=cfg.alpha_max, s_ref=cfg.alpha_s_ref,
-                            ema_decay=cfg.alpha_ema_decay, init_log_s_ref=cfg.alpha_log_s_ref, eps=cfg.norm_eps)
-    if kind == "taper":
-        return TaperNorm(cfg.d_model, eps=cfg.norm_eps, ema_decay=cfg.taper_ema_decay)
-    raise ValueError(f"unknown readout norm {kind!r}")
-
-
 class LoopedLM(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -222,20 +192,22 @@ class LoopedLM(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))  # the shared stack
         # the readout: the norm of the exits (one shared by every loop, or one per exit), and a
         # module of its own at exit K where its kind differs from the exits' (Ouro's final_alpha)
-        self.readout_spec = spec = readout_spec(cfg.readout)
-        exit_kind, final_kind = spec.exit_norm, spec.final_norm
-        norm = exit_kind or final_kind
-        self.per_loop_readout = getattr(spec, "per_loop", False) or (norm == "alpha" and cfg.alpha_per_loop
-                                                                     and not arch.shared_step_norm)
+        self.readout_spec = spec = READOUTS[cfg.readout]
+        exit_kind, final_kind, norm = spec.exit_norm, spec.final_norm, spec.norm
+        self.per_loop_readout = spec.per_loop or (norm == "alpha" and cfg.alpha_per_loop and not arch.shared_step_norm)
+
+        def make_norm(kind: str) -> nn.Module:
+            return build_norm(kind, cfg, fp32=arch.fp32_norm, official=arch.official_alpha)
         self.readout_norm = None if norm is None else \
-            nn.ModuleList(make_norm(norm, cfg) for _ in range(cfg.n_loops)) if self.per_loop_readout else \
-            make_norm(norm, cfg)
-        self.final_readout = make_norm(final_kind, cfg) \
+            nn.ModuleList(make_norm(norm) for _ in range(cfg.n_loops)) if self.per_loop_readout else make_norm(norm)
+        self.final_readout = make_norm(final_kind) \
             if None not in (exit_kind, final_kind) and exit_kind != final_kind else None
-        # the recurrence (with a shared step norm, the exits' readout is the inter-loop norm)
-        self.loop_norm = rms_norm(cfg) if cfg.recurrence == "inter_loop_norm" and not arch.shared_step_norm else None
+        # the recurrence (with a shared step norm, the exits' readout is the inter-loop norm and
+        # model.recurrence is not read)
+        recurrence = None if arch.shared_step_norm else cfg.recurrence
+        self.loop_norm = rms_norm(cfg) if recurrence == "inter_loop_norm" else None
         # spectral damping: loop k+1 receives σ(damping_logit)·H_k (σ(2) ≈ 0.88 at the start)
-        self.damping_logit = nn.Parameter(torch.tensor(2.0)) if cfg.recurrence == "spectral_damping" else None
+        self.damping_logit = nn.Parameter(torch.tensor(2.0)) if recurrence == "spectral_damping" else None
         gated = cfg.exit_gate or arch.always_gated
         self.exit_gate = nn.Linear(cfg.d_model, 1) if gated else None  # logit of exiting at loop k
         self.lm_head = None if arch.tied_head else nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
@@ -279,7 +251,7 @@ class LoopedLM(nn.Module):
     def feed(self, h: torch.Tensor, k: int | None = None) -> torch.Tensor:
         """The recurrence: what loop k+1 receives from H_k (`k`: the loop, needed where each
         loop has its own step norm)."""
-        if self.arch.shared_step_norm and self.cfg.recurrence == "inter_loop_norm":
+        if self.arch.shared_step_norm:
             return self.readout(h, final=False, k=k)  # the step norm, also the exits' readout
         if self.loop_norm is not None:  # inter-loop norm: the scale leaves the loop
             return self.loop_norm(h)
@@ -317,7 +289,7 @@ class LoopedLM(nn.Module):
             return self.final_readout(h)
         if not self.per_loop_readout:
             return self.readout_norm(h)
-        if final and (k is None or getattr(spec, "per_loop", False)):
+        if final and (k is None or spec.per_loop):
             k = self.cfg.n_loops  # Ouro's per-step readouts: the last one at the last step, whatever K'
         if k is None:
             raise ValueError(f"this model has one readout per exit ({self.cfg.readout}): it needs the step k "
@@ -504,17 +476,22 @@ def _load_published(module: LoopedLM, state: dict, prefix: str, local_metadata, 
 # ---------------------------------------------------------------------------
 # sizes and cost
 # ---------------------------------------------------------------------------
-def flops_per_token(cfg: ModelConfig, n_loops: int | None = None, n_readouts: int | None = None,
-                    seq_len: int | None = None) -> int:
-    """Forward matmul FLOPs per token (2 per multiply-add): the stack counted once per loop,
-    the vocabulary head once per readout, attention scores at the given context length (and
-    the exit gate's d-wide dot product once per loop, where the model has one)."""
+def flops_per_token(cfg: ModelConfig, n_loops: int | None = None, n_readouts: int | None = None) -> int:
+    """Forward matmul FLOPs per token (2 per multiply-add) of any architecture: the shared stack
+    once per loop, the vocabulary head (tied or not: one d x V product) once per readout.
+
+    Per layer: the q and output projections (d x d each), the k and v projections (d x
+    n_kv_heads·head_dim each: smaller under grouped-query attention), the SwiGLU (3·d·d_ff), and
+    attention at seq_len T, causal, so on average T/2 keys per query: QK^T and AV, each T/2·d
+    multiply-adds whatever the key/value grouping (every query head reads its keys). Per loop,
+    the exit gate's d-wide dot product where the model has one. Not counted: embeddings and
+    position tables, RoPE's rotation, norms, softmax, the alpha readouts' scalings."""
     K = cfg.n_loops if n_loops is None else n_loops
     R = K if n_readouts is None else n_readouts
-    T = cfg.seq_len if seq_len is None else seq_len
-    d, f = cfg.d_model, cfg.d_ff
-    per_layer = 2 * (3 * d * d + d * d + 3 * d * f) + 2 * 2 * T * d / 2  # projections + causal QK^T, AV
-    gate = 2 * d if cfg.exit_gate else 0
+    T, d, f = cfg.seq_len, cfg.d_model, cfg.d_ff
+    kv = (cfg.n_kv_heads or cfg.n_heads) * (d // cfg.n_heads)  # width of k and of v
+    per_layer = 2 * (2 * d * d + 2 * d * kv + 3 * d * f) + 2 * 2 * (T / 2) * d
+    gate = 2 * d if cfg.exit_gate or architecture(cfg).always_gated else 0
     return int(K * (cfg.n_layers * per_layer + gate) + R * 2 * d * cfg.vocab_size)
 
 

@@ -16,8 +16,8 @@ As published (config `model_type: ouro`, class `OuroForCausalLM`):
   gate  λ_k = σ(early_exit_gate(model.norm(H_k)))          per-token exit hazard (Linear d -> 1)
 
 So Ouro's recurrence is loopscale's `inter_loop_norm` and its readout `rmsnorm`, with one norm
-module for both. The readout variants of the official trainer replace that norm
-(loopscale.registry.OURO_READOUTS):
+module for both (model.recurrence is not read). The readout variants of the official trainer replace that norm (entries of
+loopscale.registry.READOUTS that apply to model.arch=ouro):
 
   rmsnorm         the published per-step norm
   final_raw       model.norm at steps k < K, the raw state at step K (official ConditionalNorm)
@@ -45,14 +45,10 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from .config import LIMITS, ConfigError, ModelConfig, RunConfig, preset_dict
+from .config import LIMITS, ConfigError, RunConfig, preset_dict
 from .io import CheckpointError
 from .model import LoopedLM
-from .model import count_params as model_count_params
 from .runfiles import FLOAT_DTYPES, INT_DTYPES, read_json, read_safetensors_header
-
-
-OuroLM = LoopedLM  # the Ouro network is the one looped model (model.arch=ouro); the name stays for callers
 
 
 def exit_loss(ce: torch.Tensor, pdf: torch.Tensor, beta: float) -> torch.Tensor:
@@ -216,7 +212,7 @@ def read_hf_state(path: str | Path) -> dict[str, torch.Tensor]:
 _UNUSED = ("model.lookahead_exit_gate.", "model.preloop_exit_gate.", "model.rotary_emb.")
 
 
-def load_state(model: OuroLM, state: dict[str, torch.Tensor], where: str, tied: bool = False) -> None:
+def load_state(model: LoopedLM, state: dict[str, torch.Tensor], where: str, tied: bool = False) -> None:
     """Load published (or official-trainer) tensors by name, strictly: a missing or extra
     tensor is a one-line CheckpointError."""
     state = {_official_name(k): v for k, v in state.items() if not k.startswith(_UNUSED)}
@@ -263,7 +259,7 @@ def _official_name(k: str) -> str:
 
 
 def from_pretrained(path: str | Path, *, seq_len: int = 2048, n_loops: Optional[int] = None,
-                    dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> tuple[OuroLM, RunConfig]:
+                    dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> tuple[LoopedLM, RunConfig]:
     """(model in eval mode, its RunConfig) of a Hugging Face Ouro checkpoint directory
     (ByteDance/Ouro-1.4B, Ouro-2.6B once downloaded), loaded by the published parameter names."""
     run = Path(path)
@@ -282,7 +278,7 @@ def from_pretrained(path: str | Path, *, seq_len: int = 2048, n_loops: Optional[
         cfg.model.n_loops = int(n_loops)
     tied = bool(hf.get("tie_word_embeddings", False))
     with torch.device("meta"):
-        model = OuroLM(cfg.model)
+        model = LoopedLM(cfg.model)
     # every tensor's name, shape and dtype from the files' headers before anything is allocated
     dtypes = {**FLOAT_DTYPES, **INT_DTYPES}
     meta_state = {_official_name(k): (tuple(info["shape"]), dtypes[info["dtype"]])
@@ -303,7 +299,7 @@ def from_pretrained(path: str | Path, *, seq_len: int = 2048, n_loops: Optional[
     return model.to(device=device, dtype=dtype).eval(), cfg
 
 
-def save_pretrained(model: OuroLM, path: str | Path, shard_tensors: int = 0) -> Path:
+def save_pretrained(model: LoopedLM, path: str | Path, shard_tensors: int = 0) -> Path:
     """Write the model as a Hugging Face Ouro checkpoint directory: config.json (published keys)
     and model.safetensors, or with `shard_tensors` > 0 shards of that many tensors plus the
     index json. The published model has the plain per-step norm only."""
@@ -335,10 +331,6 @@ def save_pretrained(model: OuroLM, path: str | Path, shard_tensors: int = 0) -> 
     total = sum(t.numel() * t.element_size() for t in tensors.values())
     (out / HF_INDEX).write_text(json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
     return out
-
-
-def count_params(cfg: ModelConfig) -> int:
-    return model_count_params(cfg)
 
 
 # ---------------------------------------------------------------------------

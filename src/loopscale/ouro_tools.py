@@ -17,6 +17,7 @@ from typing import Optional
 
 import torch
 
+from .artifacts import load
 from .config import ConfigError
 
 from .ouro import from_pretrained, is_hf_checkpoint, scale_sensitivity, variable_depth
@@ -25,24 +26,6 @@ from .ouro import from_pretrained, is_hf_checkpoint, scale_sensitivity, variable
 # ---------------------------------------------------------------------------
 # command line: loopscale ouro-depth / ouro-scale
 # ---------------------------------------------------------------------------
-def open_model(path: str | Path, device: str = "cpu"):
-    """(model, RunConfig) of a Hugging Face Ouro directory, a loopscale run directory or a
-    model.pt/state.pt file."""
-    p = Path(path)
-    if p.is_dir() and is_hf_checkpoint(p):
-        return from_pretrained(p, device=device)
-    if p.is_dir():
-        if (p / "model.pt").is_file() and not (p / "model.safetensors").is_file():
-            p = p / "model.pt"
-        else:
-            from .artifacts import load
-            model, _, cfg = load(p, device=device)
-            return model, cfg
-    from .evaluate import load_model
-    model, cfg, _ = load_model(p, device=device)
-    return model, cfg
-
-
 def import_hf(path: str | Path, out_dir: str | Path, seq_len: int = 2048, force: bool = False) -> Path:
     """A Hugging Face Ouro checkpoint as a loopscale run directory (model.pt, the artifact files of
     `artifacts.write_run_files`: loopscale.json, model.safetensors, config.json and the tokenizer
@@ -172,7 +155,8 @@ def _cmd(args, what: str) -> int:
         print(json.dumps(result))
         return 0
     device = resolve_device(args.device)
-    model, cfg = open_model(args.model, device=str(device))
+    # a Hugging Face Ouro directory, a loopscale run directory or a model.pt/state.pt file
+    model, _, cfg = load(args.model, device=str(device), tokenizer=False)
     check_data_tokenizer(args.model, args.data, cfg.model.vocab_size)
     seq = args.seq_len or cfg.model.seq_len
     windows = eval_windows(args.data, seq, args.windows, args.split)

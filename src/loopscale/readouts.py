@@ -1,9 +1,14 @@
-"""Readouts that are neither scale-invariant nor raw: the alpha readout and TaperNorm.
+"""The norms a readout is made of, as small named modules: `NORMS` maps each kind that
+`loopscale.registry.READOUTS` names (a readout's `exit_norm` / `final_norm`) to its builder.
 
-Both come from the official release of the paper (`src/models/refiner.py`, selected by
-`model.decode_norm_type` in `src/models/ar_looplm.py`); loopscale names them in
-`loopscale.registry.READOUTS` (`alpha_readout`, `tapernorm`) and the model builds them
-through `make_norm`.
+  rmsnorm       RMSNorm (nn.RMSNorm; `RMSNorm` below where the architecture computes it in fp32)
+  layernorm     LayerNorm without bias
+  alpha         AlphaReadout
+  taper         TaperNorm
+
+The last two are neither scale-invariant nor raw; both come from the official release of
+the paper (`src/models/refiner.py`, selected by `model.decode_norm_type` in
+`src/models/ar_looplm.py`):
 
   AlphaReadout  s = RMS(h), u = h / s, r(h) = s_ref^(1-α) · s^α · u  (· g with a gain)
                 α = 0: a constant-scale readout (RMSNorm without gain); α = 1: the raw state.
@@ -14,17 +19,32 @@ through `make_norm`.
                 past warm-up the norm is *calibrated*: w_s ← the RMSNorm gain, c ← an EMA ratio
                 (collected while uncalibrated) that makes c·h·w match RMSNorm(h) in size.
 
-Nothing here imports the rest of loopscale, so other model families can reuse these modules.
+A new kind of norm is a module here and an entry of `NORMS`; a new readout made of the
+existing kinds is a registry entry only. Nothing here imports the rest of loopscale (the
+builders read the model settings they need from any object with ModelConfig's fields).
 """
 from __future__ import annotations
 
 import math
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.nn as nn
 
 S_REF_MODES = ("ema", "fixed", "learned")
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm as Ouro computes it: in fp32, cast back to the input dtype, then the gain."""
+
+    def __init__(self, d: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(d))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        return self.weight * (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
 
 
 class AlphaReadout(nn.Module):
@@ -189,3 +209,33 @@ def drive_tapers(model: nn.Module, step: int, total_steps: int, warmup_frac: flo
             m.calibrate()
         m.set_gate(gate)
     return gate
+
+
+# ---------------------------------------------------------------------------
+# the norm kinds by name: builder(cfg, fp32, official) -> module; `fp32`: RMSNorm in fp32 (the
+# architecture's fp32_norm), `official`: alpha readouts as the official Ouro trainer builds them
+# (a learned s_ref, the other alpha_* settings at the module's defaults)
+# ---------------------------------------------------------------------------
+def _alpha(cfg, fp32: bool, official: bool) -> nn.Module:
+    if official:
+        return AlphaReadout(cfg.d_model, init_alpha=cfg.alpha_init, fixed_alpha=cfg.alpha_fixed, s_ref="learned",
+                            eps=cfg.norm_eps)
+    return AlphaReadout(cfg.d_model, init_alpha=cfg.alpha_init, fixed_alpha=cfg.alpha_fixed, alpha_min=cfg.alpha_min,
+                        alpha_max=cfg.alpha_max, s_ref=cfg.alpha_s_ref, ema_decay=cfg.alpha_ema_decay,
+                        init_log_s_ref=cfg.alpha_log_s_ref, eps=cfg.norm_eps)
+
+
+NORMS: dict[str, Callable[..., nn.Module]] = {
+    "rmsnorm": lambda cfg, fp32, official: RMSNorm(cfg.d_model, cfg.norm_eps) if fp32 else
+    nn.RMSNorm(cfg.d_model, eps=cfg.norm_eps),
+    "layernorm": lambda cfg, fp32, official: nn.LayerNorm(cfg.d_model, eps=cfg.norm_eps, bias=False),
+    "alpha": _alpha,
+    "taper": lambda cfg, fp32, official: TaperNorm(cfg.d_model, eps=cfg.norm_eps, ema_decay=cfg.taper_ema_decay),
+}
+
+
+def build_norm(kind: str, cfg, *, fp32: bool = False, official: bool = False) -> nn.Module:
+    """The norm module of a kind (`NORMS`) for a model's settings."""
+    if kind not in NORMS:
+        raise ValueError(f"unknown readout norm {kind!r}; loopscale.readouts.NORMS has {', '.join(NORMS)}")
+    return NORMS[kind](cfg, fp32, official)

@@ -2,14 +2,15 @@
 
 One registry per axis of a training condition (readouts, losses, regularizers,
 recurrences), one of the diagnostics, and the one `Condition` type: a point of the
-condition grid with its id (the run directory name), its label (the paper's wording), its
-place in the canonical order of tables and its colour, line style and marker in figures.
+condition grid with its id (the run directory name), its label (the paper's wording) and its
+place in the canonical order of tables. How a condition is drawn (colour, line style, marker)
+is loopscale.report.styles'.
 
 Everything else reads these: the allowed values of `loopscale.config`, the values params.yaml
 may give (checked by `loopscale.pipeline`), the pipeline's wildcards,
 the evaluation command line, the readout of `loopscale.model.LoopedLM` and every table and
-figure of `loopscale.report`. So adding a readout touches this file (its entry) and, when
-its norms are not RMSNorm/LayerNorm, the model's `make_norm`.
+figure of `loopscale.report`. So adding a readout touches this file (its entry, naming the
+architectures it applies to) and, when it needs a new kind of norm, `loopscale.readouts.NORMS`.
 
 Imports nothing heavy (no torch): the pipeline builds its DAG from it.
 """
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass
-from typing import Optional, Union
+from typing import Optional
 
 PAPER_PENALTY_WEIGHT = 0.01  # λ of the norm penalty in the paper (Table 1)
 OTHER = 99  # order of entries that do not set one: after the paper's
@@ -26,33 +27,46 @@ OTHER = 99  # order of entries that do not set one: after the paper's
 # ---------------------------------------------------------------------------
 # the four axes of a condition
 # ---------------------------------------------------------------------------
+# the architectures (loopscale.model.ARCHITECTURES) whose exits k < K read the step norm, the
+# norm that also feeds the next loop: there a readout's exit K may use another norm kind
+STEP_NORM_ARCHS = ("ouro",)
+INVARIANT_NORMS = ("rmsnorm", "layernorm")  # r(αH) = r(H)
+
+
 @dataclass(frozen=True)
 class Readout:
-    """r(H_k): what the tied head reads at exit k. `exit_norm` is the norm applied at the
-    exits k < K of a pass, `final_norm` the one at exit K (None: the raw state)."""
+    """r(H_k): what the head reads at exit k. `exit_norm` is the norm applied at the exits
+    k < K of a pass, `final_norm` the one at exit K (None: the raw state); the norms are
+    modules of loopscale.readouts (`NORMS`). `archs`: the architectures
+    (loopscale.model.ARCHITECTURES) it applies to; `per_loop`: one norm module per exit."""
     name: str
     label: str  # in tables and legends
-    exit_norm: Optional[str]  # "rmsnorm" | "layernorm" | None (raw)
+    exit_norm: Optional[str]  # "rmsnorm" | "layernorm" | "alpha" | "taper" | None (raw)
     final_norm: Optional[str]
     description: str
     order: int = OTHER  # place among readouts in the report (after the canonical conditions)
-    linestyle: Union[str, tuple] = "-"  # matplotlib line style of its conditions
-    marker: str = "x"
-    invariant_norm: bool = True  # its norm is scale-invariant (False: alpha readout, TaperNorm)
+    archs: tuple = ("looped",)
+    per_loop: bool = False
 
     def __post_init__(self):
-        if None not in (self.exit_norm, self.final_norm) and self.exit_norm != self.final_norm:
-            raise ValueError(f"readout {self.name}: one norm kind per readout (the model keeps one norm)")
+        if None not in (self.exit_norm, self.final_norm) and self.exit_norm != self.final_norm \
+                and not set(self.archs) <= set(STEP_NORM_ARCHS):
+            raise ValueError(f"readout {self.name}: one norm kind per readout (exit K may differ only where the "
+                             f"exits read the step norm: {', '.join(STEP_NORM_ARCHS)})")
+
+    def applies_to(self, arch: str) -> bool:
+        return arch in self.archs
 
     @property
     def norm(self) -> Optional[str]:
-        """The norm module the model builds for this readout (None: no readout parameters)."""
-        return self.final_norm or self.exit_norm
+        """The kind of the model's readout norm (the exits', else exit K's; None: no readout
+        parameters); exit K has a module of its own where its kind differs."""
+        return self.exit_norm or self.final_norm
 
     @property
     def scale_invariant(self) -> bool:
         """Every exit is scale-invariant, r(αH) = r(H): the loss cannot see ‖H‖."""
-        return self.exit_norm is not None and self.final_norm is not None and self.invariant_norm
+        return self.exit_norm in INVARIANT_NORMS and self.final_norm in INVARIANT_NORMS
 
     @property
     def raw(self) -> bool:
@@ -62,7 +76,7 @@ class Readout:
     @property
     def exits_differ(self) -> bool:
         """Exits k < K are read through another function than exit K."""
-        return self.exit_norm != self.final_norm
+        return self.exit_norm != self.final_norm or self.per_loop
 
     def norm_at(self, k: int, K: int) -> str:
         """The readout applied at exit k of a K-loop pass: "raw" or the norm's name."""
@@ -79,34 +93,40 @@ class Axis:
     order: int = OTHER
 
 
-_OKABE_ITO = {"black": "#000000", "orange": "#E69F00", "sky_blue": "#56B4E9", "bluish_green": "#009E73",
-              "yellow": "#F0E442", "blue": "#0072B2", "vermillion": "#D55E00", "reddish_purple": "#CC79A7",
-              "grey": "#999999"}
-# Paul Tol's colour-blind-safe "muted" colours that no Okabe–Ito colour is close to
-_TOL_MUTED = {"olive": "#999933", "wine": "#882255", "indigo": "#332288", "teal": "#44AA99", "sand": "#DDCC77"}
-# the colours of the registered conditions, in CANONICAL's order (one each, no two alike:
-# tests/test_registry.py checks their CIELAB distances), then those the other conditions cycle through
-PALETTE = tuple({**_OKABE_ITO, **_TOL_MUTED}[c] for c in (
-    "black", "grey", "vermillion", "blue", "bluish_green", "yellow", "reddish_purple", "olive", "sky_blue", "wine",
-    "orange", "indigo", "teal", "sand"))
-
 READOUTS: dict[str, Readout] = {r.name: r for r in (
     Readout("rmsnorm", "RMSNorm readout", "rmsnorm", "rmsnorm",
-            "RMSNorm at every exit: scale-invariant, the loss cannot see ‖H_k‖", 0, "-", "o"),
+            "RMSNorm at every exit: scale-invariant, the loss cannot see ‖H_k‖", 0,
+            archs=("looped", "ouro")),
     Readout("layernorm", "LayerNorm readout", "layernorm", "layernorm",
-            "LayerNorm (no bias) at every exit: scale-invariant", 3, "-.", "D"),
+            "LayerNorm (no bias) at every exit: scale-invariant", 3),
     Readout("raw", "raw readout", None, None,
-            "the raw state at every exit, r(H) = H: the loss sees the scale", 1, "--", "s"),
+            "the raw state at every exit, r(H) = H: the loss sees the scale", 1),
     Readout("final_norm", "final-only norm", None, "rmsnorm",
-            "final-only norm: the raw state at exits k < K, RMSNorm at exit K only", 2, (0, (3, 1, 1, 1, 1, 1)), "^"),
+            "final-only norm: the raw state at exits k < K, RMSNorm at exit K only", 2),
     # the official release's other readouts (model.decode_norm_type; loopscale.readouts)
     Readout("alpha_readout", "alpha readout", "alpha", "alpha",
-            "s_ref^(1-α)·s^α·u, s = RMS(H), u = H/s: between a constant scale (α=0) and raw (α=1)",
-            linestyle=(0, (1, 1)), marker="v", invariant_norm=False),
+            "s_ref^(1-α)·s^α·u, s = RMS(H), u = H/s: between a constant scale (α=0) and raw (α=1)"),
     Readout("tapernorm", "TaperNorm readout", "taper", "taper",
-            "gate·RMSNorm(H) + (1-gate)·c·H·w, gate 1 -> 0 over training (cosine): ends sample-independent",
-            linestyle=(0, (5, 2)), marker="P", invariant_norm=False),
-)}
+            "gate·RMSNorm(H) + (1-gate)·c·H·w, gate 1 -> 0 over training (cosine): ends sample-independent"),
+    # the Ouro track's (Appendix B; official src/train_ouro_from_scratch_ddp.py): there the step
+    # norm model.norm is also what step k+1 receives, so `exit_norm` doubles as the recurrence;
+    # "rmsnorm" above is the published per-step norm
+    Readout("final_raw", "final-step raw readout", "rmsnorm", None,
+            "model.norm at steps k < K, the raw state at step K (the official ConditionalNorm, --no-readout-norm)",
+            OTHER + 1, archs=("ouro",)),
+    Readout("final_alpha", "final-step alpha readout", "rmsnorm", "alpha",
+            "model.norm at steps k < K, an alpha readout at step K (the official ConditionalAlphaReadout, "
+            "--alpha-readout)", OTHER + 1, archs=("ouro",)),
+    Readout("per_loop_alpha", "per-loop alpha readout", "alpha", "alpha",
+            "an alpha readout of its own at every step, also fed to the next step (the official "
+            "PerLoopAlphaReadout, --alpha-readout --per-loop-alpha)", OTHER + 1, archs=("ouro",), per_loop=True),
+)}  # (the Ouro track's readouts come after every other one in tables, among themselves by name)
+
+
+def readouts_of(arch: str) -> tuple[str, ...]:
+    """The readouts that apply to an architecture (`model.arch`)."""
+    return tuple(n for n, r in READOUTS.items() if r.applies_to(arch))
+
 
 LOSSES: dict[str, Axis] = {a.name: a for a in (
     Axis("terminal", "terminal CE", "cross-entropy of exit K only", 0),
@@ -128,63 +148,13 @@ RECURRENCES: dict[str, Axis] = {a.name: a for a in (
 )}
 
 # ---------------------------------------------------------------------------
-# architectures, and the readouts of the Ouro track (Appendix B)
+# architectures (loopscale.model.ARCHITECTURES holds what each one builds)
 # ---------------------------------------------------------------------------
 ARCHS: dict[str, Axis] = {a.name: a for a in (
     Axis("looped", "looped LM", "the paper's looped decoder (loopscale.model.LoopedLM)", 0),
     Axis("ouro", "Ouro", "ByteDance's Ouro architecture: RoPE, sandwich norms, untied head, model.norm after "
-                         "every recurrent step, exit gate (loopscale.ouro.OuroLM)", 1),
+                         "every recurrent step, exit gate (loopscale.model.LoopedLM, model.arch=ouro)", 1),
 )}
-
-
-@dataclass(frozen=True)
-class OuroReadout:
-    """A readout of the Ouro track (official `src/train_ouro_from_scratch_ddp.py`): what the
-    untied head reads at the exits k < K (`exit_norm`) and at exit K (`final_norm`). In Ouro
-    the step norm `model.norm` is also what step k+1 receives, so `exit_norm` doubles as
-    the recurrence. "alpha": s_ref^(1-α)·s^α·h/s (loopscale.readouts.AlphaReadout)."""
-    name: str
-    label: str
-    exit_norm: Optional[str]  # "rmsnorm" | "alpha"
-    final_norm: Optional[str]  # "rmsnorm" | "alpha" | None (raw)
-    description: str
-    per_loop: bool = False  # one alpha readout per step instead of one shared norm
-    order: int = OTHER
-
-    @property
-    def scale_invariant(self) -> bool:
-        return self.exit_norm == "rmsnorm" and self.final_norm == "rmsnorm"
-
-    @property
-    def raw(self) -> bool:
-        return False  # every Ouro readout normalises the steps k < K
-
-    @property
-    def exits_differ(self) -> bool:
-        return self.exit_norm != self.final_norm or self.per_loop
-
-    def norm_at(self, k: int, K: int) -> str:
-        return (self.final_norm if k >= K else self.exit_norm) or "raw"
-
-
-# the published per-step norm is the "rmsnorm" readout of READOUTS (RMSNorm at every exit)
-OURO_READOUTS: dict[str, OuroReadout] = {r.name: r for r in (
-    OuroReadout("final_raw", "final-step raw readout", "rmsnorm", None,
-                "model.norm at steps k < K, the raw state at step K (the official ConditionalNorm, "
-                "--no-readout-norm)", order=10),
-    OuroReadout("final_alpha", "final-step alpha readout", "rmsnorm", "alpha",
-                "model.norm at steps k < K, an alpha readout at step K (the official ConditionalAlphaReadout, "
-                "--alpha-readout)", order=11),
-    OuroReadout("per_loop_alpha", "per-loop alpha readout", "alpha", "alpha",
-                "an alpha readout of its own at every step, also fed to the next step (the official "
-                "PerLoopAlphaReadout, --alpha-readout --per-loop-alpha)", per_loop=True, order=12),
-)}
-
-
-def readout_spec(name: str):
-    """The readout of a model by its name: READOUTS, else the Ouro track's OURO_READOUTS."""
-    return READOUTS.get(name) or OURO_READOUTS[name]
-
 
 
 # losses that read the model's exit gate (the model builds one: model.exit_gate)
@@ -200,9 +170,8 @@ def axis_registry(axis: str) -> dict:
 
 
 def axis_values(axis: str) -> tuple[str, ...]:
-    """The names an axis takes in configs and run ids (readouts: also the Ouro track's)."""
-    extra = tuple(r for r in OURO_READOUTS if r not in READOUTS) if axis == "readout" else ()
-    return tuple(axis_registry(axis)) + extra
+    """The names an axis takes in configs and run ids."""
+    return tuple(axis_registry(axis))
 
 
 # ---------------------------------------------------------------------------
@@ -236,9 +205,7 @@ DIAGNOSTICS: dict[str, Diagnostic] = {d.name: d for d in (
 # the condition
 # ---------------------------------------------------------------------------
 # The paper's seven Table-1 conditions in the paper's order, then loopscale's additions:
-# the canonical order of tables; each condition's colour is the palette's colour at its place
-# (PALETTE), so every registered condition has its own. Line style and marker come from the
-# readout, so RMSNorm and LayerNorm lines differ in those too.
+# the canonical order of tables (and of the figures' colours: loopscale.report.styles).
 CANONICAL_BASES: tuple[tuple[str, str, str, str], ...] = (
     ("rmsnorm", "terminal", "none", "residual"),
     ("raw", "terminal", "none", "residual"),
@@ -251,9 +218,6 @@ CANONICAL_BASES: tuple[tuple[str, str, str, str], ...] = (
     ("rmsnorm", "per_loop", "none", "inter_loop_norm"),
     ("layernorm", "terminal", "none", "residual"),
 )
-assert len(CANONICAL_BASES) <= len(PALETTE)
-CANONICAL: tuple[tuple[tuple[str, str, str, str], str], ...] = tuple(zip(CANONICAL_BASES, PALETTE))
-_CANONICAL_BASES = tuple(b for b, _ in CANONICAL)
 
 
 def _order(registry: dict, name: str) -> int:
@@ -331,7 +295,7 @@ class Condition:
         def lab(registry, name):
             e = registry.get(name)
             return e.label if e is not None else name
-        parts = [lab(LOSSES, self.loss), lab({**OURO_READOUTS, **READOUTS}, self.readout)]
+        parts = [lab(LOSSES, self.loss), lab(READOUTS, self.readout)]
         reg = lab(REGULARIZERS, self.regularizer)
         if reg:
             parts.append(reg + ("" if self.paper_penalty else f" (λ={self.penalty_weight:g})"))
@@ -340,34 +304,14 @@ class Condition:
             parts.append(rec)
         return " + ".join(parts)
 
-    # -- order and style ---------------------------------------------------------------------
+    # -- order ---------------------------------------------------------------------
     def sort_key(self) -> tuple:
         """Canonical conditions first, in the paper's order; then by loss, readout,
         regularizer and recurrence order."""
-        if self.base in _CANONICAL_BASES:
-            return (0, _CANONICAL_BASES.index(self.base), self.penalty_weight)
+        if self.base in CANONICAL_BASES:
+            return (0, CANONICAL_BASES.index(self.base), self.penalty_weight)
         return (1, _order(LOSSES, self.loss), _order(READOUTS, self.readout), _order(REGULARIZERS, self.regularizer),
                 _order(RECURRENCES, self.recurrence), self.penalty_weight, self.base)
-
-    @property
-    def colour(self) -> str:
-        if self.base in _CANONICAL_BASES and self.paper_penalty:
-            return CANONICAL[_CANONICAL_BASES.index(self.base)][1]
-        # the other conditions: the palette's colours after the canonical ones, cycled
-        others = [b for b in _all_bases() if b not in _CANONICAL_BASES]
-        i = others.index(self.base) if self.base in others else len(others)
-        i += 0 if self.paper_penalty else int(round(self.penalty_weight * 1000))
-        return PALETTE[(len(CANONICAL) + i) % len(PALETTE)]
-
-    @property
-    def linestyle(self) -> Union[str, tuple]:
-        r = self.readout_spec
-        return r.linestyle if r is not None else ":"
-
-    @property
-    def marker(self) -> str:
-        r = self.readout_spec
-        return r.marker if r is not None else "x"
 
 
 def condition(readout: str, loss: str, regularizer: str = "none", recurrence: str = "residual",
@@ -376,7 +320,12 @@ def condition(readout: str, loss: str, regularizer: str = "none", recurrence: st
     return Condition.of(readout, loss, regularizer, recurrence, penalty_weight)
 
 
-def _all_bases() -> list[tuple]:
-    """Every point of the full grid, in report order (loss, readout, regularizer, recurrence)."""
+def all_bases() -> list[tuple]:
+    """Every point of the full grid, in report order (loss, readout, regularizer, recurrence),
+    one architecture's grid after the other's (a readout of several is in the first one's)."""
     rd, ls, rg, rc = (sorted(axis_registry(a).values(), key=lambda e: e.order) for a in AXES)
-    return [(r.name, l.name, g.name, c.name) for l, r, g, c in itertools.product(ls, rd, rg, rc)]
+    out = []
+    for i, arch in enumerate(ARCHS):
+        own = [r for r in rd if r.applies_to(arch) and not any(map(r.applies_to, list(ARCHS)[:i]))]
+        out += [(r.name, l.name, g.name, c.name) for l, r, g, c in itertools.product(ls, own, rg, rc)]
+    return out

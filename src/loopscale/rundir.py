@@ -76,9 +76,9 @@ def same_settings(ck: dict, cfg: RunConfig, extra: dict | None = None) -> bool:
 
 
 class SigtermFlag:
-    """Turns SIGTERM (SLURM preemption / time limit) into a flag checked between steps: both
-    trainers (`loopscale train`, `loopscale train-stream`) run their loop under it and call
-    `stop_if_raised` after every optimiser step."""
+    """Turns SIGTERM (SLURM preemption / time limit) into a flag checked between steps: the
+    training loop (`loopscale.train.fit`) runs under it and calls `stop_if_raised` after every
+    optimiser step."""
 
     def __init__(self):
         self.raised = False
@@ -129,13 +129,17 @@ def metrics_upto(path: Path, step: int) -> None:
     atomic_write_text(path, "".join(l + "\n" for l in keep))
 
 
-def load_state(path: Path, cfg: RunConfig, model, opt, device, total_steps: int, dd: DD.Dist) -> tuple[int, float]:
-    """Load a state.pt into the model and optimiser; returns (step, elapsed). Anything amiss
-    is one CheckpointError."""
+def load_state(path: Path, cfg: RunConfig, model, opt, device, total_steps: int, dd: DD.Dist,
+               extra: dict | None = None) -> dict:
+    """Load a state.pt into the model, the optimiser and this rank's RNG; returns its record
+    without the tensors (step, elapsed seconds, a stream's position, ...). It must hold the
+    training settings of `cfg` and the `extra` entries (a streamed run's {"stream": ...}).
+    Anything amiss is one CheckpointError."""
     ck = load_checkpoint(path, map_location=device)
     again = "train with --no-resume to start over"
-    if not same_settings(ck, cfg):
-        raise CheckpointError(f"checkpoint {path} was written with a different config; {again} "
+    if not same_settings(ck, cfg, extra):
+        what = " or ".join(["a different config", *(f"other {k} settings" for k in extra or {})])
+        raise CheckpointError(f"checkpoint {path} was written with other settings ({what}); {again} "
                               f"(or delete the run directory {path.parent})")
     step = ck.get("step")
     if not isinstance(step, int) or isinstance(step, bool) or step < 0:
@@ -152,7 +156,8 @@ def load_state(path: Path, cfg: RunConfig, model, opt, device, total_steps: int,
     except (KeyError, TypeError, ValueError, AttributeError, IndexError, RuntimeError) as e:
         what = f"missing {e}" if isinstance(e, KeyError) else (str(e).splitlines() or [type(e).__name__])[0][:160]
         raise CheckpointError(f"checkpoint {path} is malformed ({what}); {again}") from None
-    return step, elapsed
+    tensors = ("model", "optimizer", "rng_cpu", "rng_cuda", "rng_ranks")
+    return {**{k: v for k, v in ck.items() if k not in tensors}, "elapsed": elapsed}
 
 
 _PEER_LOST = re.compile(r"gloo|nccl|connection (closed|reset) by peer|broken pipe|processgroup|rendezvous|"

@@ -259,7 +259,7 @@ def hf_record(root: Path) -> dict:
 
 def readers_record(run: Path) -> dict:
     """The per-exit logits of a run directory as loopscale.load reads it (the other readers,
-    evaluate.load_model and transformers, must give the same numbers: tests/test_golden.py)."""
+    loopscale.load of model.pt alone and transformers, must give the same numbers: tests/test_golden.py)."""
     import torch
 
     import loopscale

@@ -21,24 +21,10 @@ from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormat
 from ..io import atomic_write
 from .groups import (Group, depth_curve, exits, final_exit, group_runs, lemma_loops, norm_histogram, norm_loops,
                         radial_loops, scale_sweep, stats, throughput_curve, training_norms)
-from ..registry import READOUTS, Condition, condition
+from ..registry import READOUTS, condition
 from .markdown import num
 from .runs import Run, finite
-
-
-# ---------------------------------------------------------------------------
-# style: the registry's, per condition
-# ---------------------------------------------------------------------------
-def colour(cond: Condition) -> str:
-    return cond.colour
-
-
-def linestyle(cond: Condition):
-    return cond.linestyle
-
-
-def marker(cond: Condition) -> str:
-    return cond.marker
+from .styles import colour, linestyle, marker, readout_style
 
 
 plt.rcParams.update({"font.size": 10, "axes.titlesize": 11, "axes.labelsize": 10, "legend.fontsize": 8,
@@ -326,7 +312,7 @@ def fig_ppl_depth(groups: list[Group], path: Path) -> Path:
         ax.set_ylabel("validation perplexity")
     differ = dict.fromkeys(g.cond.readout for g in groups
                            if g.used and g.cond.readout_spec is not None and g.cond.readout_spec.exits_differ)
-    extra = [Line2D([], [], color="0.3", ls=":", marker=READOUTS[r].marker, mfc="none",
+    extra = [Line2D([], [], color="0.3", ls=":", marker=readout_style(r)[1], mfc="none",
                     label=f"{READOUTS[r].label}: exits k<K ({_exit_readout_label(READOUTS[r])})") for r in differ]
     _legend(fig, groups, extra or None)
     return save_figure(fig, path)

@@ -152,7 +152,6 @@ def norms_table(groups: list[Group]) -> Table:
     rows, md_rows, loop_rows, loop_md = [], [], [], ""
     multi = len({g.size for g in groups}) > 1
     for g in groups:
-        n_row = len(g.used)
         finals = [norm_final(r) for r in g.used]
         finals = [f for f in finals if f]
         row = {**group_ids(g)}
@@ -338,7 +337,6 @@ def halting_table(groups: list[Group]) -> Table:
             for name, v in ((d or {}).get("dynamic") or {}).items():
                 if isinstance(v, dict):
                     dyn.setdefault(name, []).append(v)
-        n = max([len(v) for v in pols.values()] + [0])
         for name in sorted(pols):
             ps = pols[name]
             policy, gran = ps[0].get("policy", name), ps[0].get("granularity", "")
