@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from test_pipeline import copy_worktree, smk
+from workflow_support import copy_worktree, smk
 from test_profiles import jobs_of
 
 
@@ -157,7 +157,7 @@ def test_bad_fineweb_and_downstream_settings_are_one_line_errors(tmp_path, edit,
     import yaml
 
     from loopscale import pipeline as P
-    from test_pipeline import REPO
+    from workflow_support import REPO
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     exp = params["experiments"]["paper-ouro"]
     for k, v in edit.items():
@@ -173,7 +173,7 @@ def test_other_experiments_configs_carry_no_fineweb_keys():
     files of every other experiment (and so its runs) stay as they were."""
     from loopscale import pipeline as P
     from loopscale.config import FINEWEB_KEYS
-    from test_pipeline import REPO
+    from workflow_support import REPO
     params = P.load_params(REPO / "params.yaml")
     run = P.build_experiment(params, "cpu").runs[0]
     text = P.config_texts(run)[0]

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from test_pipeline import REPO, copy_worktree, smk
+from workflow_support import REPO, copy_worktree, smk
 
 PROFILES = REPO / "profiles"
 # rules that never use a GPU and run single-threaded; the others train or evaluate a model

@@ -1,7 +1,6 @@
 """No run is ever silently mixed or lost: retrains, report grouping, duplicate YAML keys,
 hostile arguments, signals (issue "Reliability 3", outside the artifact surfaces)."""
 import json
-import math
 import os
 import shutil
 import signal
