@@ -86,6 +86,13 @@ def smoke_local(tmp_path_factory):
 
 
 @pytest.fixture
+def grid(tmp_path) -> Path:
+    """A synthetic grid of run directories (tests/report_support.py: make_grid)."""
+    from report_support import make_grid
+    return make_grid(tmp_path / "runs")
+
+
+@pytest.fixture
 def one_thread():
     """One torch thread for the test: tiny tensors run faster on one, and a busy machine's thread
     scheduling cannot stall them (the thread count is put back after)."""

@@ -9,7 +9,7 @@ import math
 import pytest
 
 from workflow_support import copy_worktree, smk
-from test_profiles import jobs_of
+from workflow_support import jobs_of
 
 
 @pytest.fixture(scope="module")
@@ -79,8 +79,8 @@ def fineweb_params(repo):
     import yaml
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from test_harness import QUESTIONS, write_mc_task
-    from test_ouro_fineweb import WORDS, fineweb_rows
+    from hf_support import QUESTIONS, write_mc_task
+    from ouro_support import WORDS, fineweb_rows
     fw = repo / "fineweb"
     (fw / "tok").mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist(fineweb_rows(60)), fw / "000_00000.parquet")

@@ -29,7 +29,7 @@ from loopscale import config as C
 from loopscale import pipeline as P
 from loopscale import registry as R
 
-from workflow_support import (DETERMINISTIC_TABLES, DVC, REPO, SCHEMA, SMOKE, SNAKEMAKE, VENV_BIN,  # noqa: F401
+from workflow_support import (DVC, REPO, SCHEMA, SMOKE, SNAKEMAKE, VENV_BIN,
                               assert_same_tables, copy_worktree, counts, dry_run, edit_params, fresh_copy, git,
                               load, pipeline_env, read_table, run, smk, smoke_runs, tree_digest)
 

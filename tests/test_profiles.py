@@ -18,6 +18,7 @@ import pytest
 import yaml
 
 from workflow_support import REPO, copy_worktree, smk
+from workflow_support import jobs_of
 
 PROFILES = REPO / "profiles"
 # rules that never use a GPU and run single-threaded; the others train or evaluate a model
@@ -29,18 +30,6 @@ def repo(tmp_path_factory):
     return copy_worktree(tmp_path_factory.mktemp("profiles") / "repo")
 
 
-def jobs_of(dry_run_output: str) -> list[dict]:
-    """rule, wildcards and resources of every job of a dry run's output (local rules too)."""
-    jobs = []
-    for block in re.split(r"\n(?=(?:local)?rule \w+:)", dry_run_output):
-        m = re.match(r"(?:local)?rule (\w+):", block)
-        if not m or m.group(1) == "all":
-            continue
-        fields = {k: v for k, v in re.findall(r"^\s+(wildcards|resources): (.*)$", block, re.M)}
-        parse = lambda s: dict(kv.split("=", 1) for kv in s.split(", ")) if s else {}  # noqa: E731
-        res = {k: int(v) if v.isdigit() else v for k, v in parse(fields.get("resources", "")).items()}
-        jobs.append({"rule": m.group(1), "wildcards": parse(fields.get("wildcards", "")), "resources": res})
-    return jobs
 
 
 def partition_of(job: dict) -> str:

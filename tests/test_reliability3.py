@@ -13,7 +13,7 @@ import pytest
 
 from loopscale import cli
 from loopscale.config import ConfigError, read_yaml
-from test_report import make_run
+from report_support import make_run
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -167,3 +167,17 @@ def load(params: dict, tmp_path: Path):
     path = tmp_path / "params.yaml"
     path.write_text(yaml.safe_dump(params, sort_keys=False))
     return P.load_and_validate(path, SCHEMA)
+
+
+def jobs_of(dry_run_output: str) -> list[dict]:
+    """rule, wildcards and resources of every job of a dry run's output (local rules too)."""
+    jobs = []
+    for block in re.split(r"\n(?=(?:local)?rule \w+:)", dry_run_output):
+        m = re.match(r"(?:local)?rule (\w+):", block)
+        if not m or m.group(1) == "all":
+            continue
+        fields = {k: v for k, v in re.findall(r"^\s+(wildcards|resources): (.*)$", block, re.M)}
+        parse = lambda s: dict(kv.split("=", 1) for kv in s.split(", ")) if s else {}  # noqa: E731
+        res = {k: int(v) if v.isdigit() else v for k, v in parse(fields.get("resources", "")).items()}
+        jobs.append({"rule": m.group(1), "wildcards": parse(fields.get("wildcards", "")), "resources": res})
+    return jobs
