@@ -5,7 +5,7 @@
 #   snakemake --cores all --config experiment=smoke  # another experiment
 #   snakemake -n                                     # what would run, and why
 #
-# Stages: workflow/rules/{data,train,eval,report}.smk; helpers: workflow/rules/common.smk
+# Stages: workflow/rules/{settings,data,train,eval,report}.smk; helpers: workflow/rules/common.smk
 # and loopscale.pipeline. Every job is one call of the `loopscale` command line.
 # Documentation: docs/pipeline.md.
 from snakemake.utils import min_version
@@ -29,6 +29,7 @@ wildcard_constraints:
     seed=P.WILDCARDS["seed"],
 
 
+include: "workflow/rules/settings.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/eval.smk"

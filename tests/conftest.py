@@ -77,6 +77,21 @@ def smoke_data(tmp_path_factory) -> Path:
     return root / "data"
 
 
+@pytest.fixture(scope="session")
+def smoke_local(tmp_path_factory):
+    """(repo, wall seconds): the smoke grid run once per session through Snakemake in a copy of
+    the working tree (tests/workflow_support.py); tests read or copy it, never change it."""
+    from workflow_support import smoke_run_once
+    return smoke_run_once(tmp_path_factory)
+
+
+@pytest.fixture
+def grid(tmp_path) -> Path:
+    """A synthetic grid of run directories (tests/report_support.py: make_grid)."""
+    from report_support import make_grid
+    return make_grid(tmp_path / "runs")
+
+
 @pytest.fixture
 def one_thread():
     """One torch thread for the test: tiny tensors run faster on one, and a busy machine's thread

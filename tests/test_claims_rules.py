@@ -15,7 +15,7 @@ from loopscale.report import dose as D
 from loopscale.report.records import RecordsError, RunRecord, records_from_results
 from loopscale.registry import condition
 
-from test_report import cs, cs_exits, make_grid, runs_of, verdict  # noqa: F401
+from report_support import cs, cs_exits, make_grid, runs_of, verdict
 
 RMS, RAW, IL = C.PER_LOOP_RMS, C.PER_LOOP_RAW, C.INTER_LOOP
 D_MODEL = 64

@@ -1,19 +1,21 @@
 """convert-paper on the official release's own checkpoints (tests/fixtures/official/*/last.pt):
 no flags, per-exit logits equal to the official forward's (exits.pt), and every malformed or
 unrepresentable checkpoint refused in one line."""
-import copy
 import json
 import zipfile
 from pathlib import Path
 
 import pytest
 import torch
+from convert_support import _base, _refused, _set, _with
+from official import CHECKPOINTS, eval_windows, trained_conditions
+from official import OFFICIAL as FIX
 
 import loopscale
 from loopscale.cli import main
 from loopscale.convert import convert_paper
 from loopscale.io import run_lock
-from official import CHECKPOINTS, OFFICIAL as FIX, eval_windows, trained_conditions
+
 EPS32 = torch.finfo(torch.float32).eps
 
 
@@ -107,35 +109,12 @@ def test_the_cli_converts_with_no_flags(tmp_path, capsys):
 # ---------------------------------------------------------------------------
 # refusals: one line naming what is wrong, nothing written
 # ---------------------------------------------------------------------------
-def _base(name: str = "perstep_norm") -> dict:
-    p = FIX / name / "last.pt"
-    return torch.load(p if p.exists() else CHECKPOINTS[0], weights_only=True)
 
 
-def _refused(tmp_path, capsys, ckpt_obj, needle: str, extra=()) -> str:
-    path = tmp_path / "bad.pt"
-    if isinstance(ckpt_obj, bytes):
-        path.write_bytes(ckpt_obj)
-    elif ckpt_obj is not None:
-        torch.save(ckpt_obj, path)
-    capsys.readouterr()
-    assert main(["convert-paper", str(path), "--out", str(tmp_path / "run"), *extra]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and needle in err[0], err
-    assert not (tmp_path / "run").exists()
-    return err[0]
 
 
-def _with(mutate, name="perstep_norm"):
-    ck = copy.deepcopy(_base(name))
-    mutate(ck)
-    return ck
 
 
-def _set(section, key, value):
-    """Set config[section][key] to `value`, or to value(ck) where it is a function of the
-    checkpoint (a wrong value made from the real one, so it differs in every fixture set)."""
-    return lambda ck: ck["config"].setdefault(section, {}).__setitem__(key, value(ck) if callable(value) else value)
 
 
 def _model(key):
@@ -364,7 +343,7 @@ def test_diagnostics_run_on_a_converted_run(tmp_path, capsys):
 
 
 def test_load_official_and_the_dict_form_give_the_converted_model(tmp_path):
-    from loopscale.convert import load_official, model_settings, convert_state
+    from loopscale.convert import convert_state, load_official, model_settings
     ckpt = CHECKPOINTS[-1]
     model, cfg, raw, dropped = load_official(ckpt)
     assert not model.training and raw["config"] == torch.load(ckpt, weights_only=True)["config"]

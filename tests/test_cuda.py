@@ -21,7 +21,6 @@ import torch
 
 from loopscale.config import preset
 from loopscale.model import LoopedLM, count_params
-from loopscale.objective import compute_loss
 
 pytestmark = [pytest.mark.cuda,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

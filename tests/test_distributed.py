@@ -169,7 +169,7 @@ def test_non_finite_on_one_rank_stops_all_ranks(smoke_data, tmp_path):
 # the pipeline: torchrun when an experiment asks for more than one GPU per run
 # ---------------------------------------------------------------------------
 def test_paper_1_4b_experiment_trains_on_4_gpus_per_run():
-    from test_pipeline import REPO, SCHEMA
+    from workflow_support import REPO, SCHEMA
     from loopscale import pipeline as P
     _, exps = P.load_and_validate(REPO / "params.yaml", SCHEMA)
     e = exps["paper-1.4b"]
@@ -181,7 +181,7 @@ def test_paper_1_4b_experiment_trains_on_4_gpus_per_run():
 
 
 def test_multi_node_launch_and_bad_gpu_counts(tmp_path):
-    from test_pipeline import REPO, load
+    from workflow_support import REPO, load
     import yaml
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     exp = params["experiments"]["paper-1.4b"]
@@ -208,7 +208,7 @@ def P_error():
 
 @pytest.mark.slow
 def test_smoke_run_trains_through_torchrun_in_the_pipeline(tmp_path):
-    from test_pipeline import copy_worktree, edit_params, smk
+    from workflow_support import copy_worktree, edit_params, smk
     repo = copy_worktree(tmp_path / "repo")
     edit_params(repo, lambda p: p["experiments"]["smoke"].update(gpus_per_run=2))  # gpu 0: CPU ranks
     run = "runs/smoke/smoke/rmsnorm-per_loop-none-residual/seed42"

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from loopscale import pipeline as P
-from test_pipeline import DVC, REPO, SCHEMA, copy_worktree, git, run
+from workflow_support import DVC, REPO, SCHEMA, copy_worktree, git, run
 
 EXP = "smoke_dvc"  # the experiment (and DVC stage) that `dvc exp run` changes
 

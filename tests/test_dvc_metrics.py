@@ -9,7 +9,7 @@ import json
 import pytest
 
 from loopscale.report.figures import FIGURES
-from test_pipeline import DVC, fresh_copy, run, smoke_local  # noqa: F401  (fixture)
+from workflow_support import DVC, fresh_copy, run
 
 pytestmark = pytest.mark.slow
 

@@ -37,7 +37,6 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "golden"))
 import make_golden as G  # noqa: E402
-from test_pipeline import smoke_local  # noqa: E402,F401  (the session's smoke run, shared with test_pipeline)
 
 RTOL, ATOL = 1e-5, 1e-6
 

@@ -17,17 +17,13 @@ import loopscale
 from loopscale.config import ConfigError, preset
 from loopscale.halting import confidences
 from loopscale.train import train
+from hf_support import QUESTIONS, write_mc_task
 
 TEXTS = [
     "The Congress of the United States shall have power to lay and collect taxes, duties, imposts "
     "and excises, to pay the debts and provide for the common defence and general welfare of the "
     "United States; but all duties, imposts and excises shall be uniform throughout the United States.",
     "We the people of the United States, in order to form a more perfect union, establish justice.",
-]
-QUESTIONS = [
-    {"question": "The Congress of the United", "choices": ["States", "people", "war and peace"], "label": 0},
-    {"question": "We the people of the", "choices": ["debts", "United States", "power"], "label": 1},
-    {"question": "to pay the", "choices": ["defence", "debts", "taxes, duties"], "label": 1},
 ]
 
 
@@ -40,23 +36,6 @@ def run(smoke_data, tmp_path_factory):
     return out
 
 
-def write_mc_task(d):
-    """QUESTIONS as lm-eval's local multiple-choice task `ls_mc` in folder d (its --include_path)."""
-    (d / "mc.jsonl").write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
-    (d / "ls_mc.yaml").write_text(f"""task: ls_mc
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {d / 'mc.jsonl'}
-test_split: test
-output_type: multiple_choice
-doc_to_text: "{{{{question}}}}"
-doc_to_choice: "{{{{choices}}}}"
-doc_to_target: "{{{{label}}}}"
-metric_list:
-  - metric: acc
-  - metric: acc_norm
-""")
 
 
 @pytest.fixture(scope="module")

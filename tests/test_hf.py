@@ -12,28 +12,16 @@ import torch
 transformers = pytest.importorskip("transformers")
 
 import loopscale  # noqa: E402  (registers the classes with the Auto classes)
-from loopscale.artifacts import WEIGHTS, write_run_files  # noqa: E402
-from loopscale.config import preset  # noqa: E402
+from loopscale.artifacts import WEIGHTS  # noqa: E402
 from loopscale.generate import generate  # noqa: E402
 from loopscale.hf import LoopscaleConfig, LoopscaleForCausalLM  # noqa: E402
-from loopscale.model import LoopedLM  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, pipeline  # noqa: E402
 from transformers.modeling_outputs import CausalLMOutputWithPast  # noqa: E402
+from hf_support import make_run  # noqa: E402
 
 PROMPT = "The Congress of the United States"
 
 
-def make_run(path, smoke_data, seed=0, **model):
-    """A run directory of an untrained (random, so varied greedy output) smoke model."""
-    cfg = preset("smoke", {"model": {"vocab_size": 512, **model}, "data": {"vocab_size": 512}})
-    torch.manual_seed(seed)
-    lm = LoopedLM(cfg.model).eval()
-    with torch.no_grad():  # smaller embeddings: greedy decoding does not just repeat the last token
-        lm.tok_emb.weight.mul_(0.3)
-    path.mkdir(parents=True)
-    write_run_files(path, lm, {"config": cfg.to_dict(), "env": {}, "data": {}},
-                    (smoke_data / "tokenizer.json").read_bytes())
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,7 @@ from loopscale.artifacts import LIMITS  # noqa: E402
 from loopscale.config import ConfigError  # noqa: E402
 from loopscale.hf import LoopscaleConfig, LoopscaleForCausalLM  # noqa: E402
 from loopscale.io import CheckpointError  # noqa: E402
-from test_hf import make_run  # noqa: E402
+from hf_support import make_run  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 
@@ -99,7 +99,7 @@ def test_lm_eval_simple_evaluate_with_model_args_device_and_batch_size(run, tmp_
     from lm_eval.tasks import TaskManager
 
     import loopscale.harness  # noqa: F401
-    from test_harness import write_mc_task
+    from hf_support import write_mc_task
     write_mc_task(tmp_path)
     out = lm_eval.simple_evaluate(model="loopscale", model_args=f"run={run},device=cpu,batch_size=4",
                                   tasks=["ls_mc"], task_manager=TaskManager(include_path=str(tmp_path)),

@@ -12,57 +12,15 @@ from loopscale import ouro
 from loopscale.config import ConfigError, RunConfig, preset, preset_dict
 from loopscale.io import CheckpointError
 from loopscale.model import LoopedLM, build_model, count_params
+from ouro_support import HF_TINY, published_tensors, write_hf
 
 torch.set_num_threads(1)
 
 # a tiny Ouro config.json in the published schema (grouped-query attention, RoPE base 10,000)
-HF_TINY = {"architectures": ["OuroForCausalLM"], "model_type": "ouro", "hidden_size": 32, "num_hidden_layers": 2,
-           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 48,
-           "vocab_size": 97, "max_position_embeddings": 512, "rope_theta": 10000.0, "rope_scaling": None,
-           "rms_norm_eps": 1e-6, "hidden_act": "silu", "tie_word_embeddings": False, "total_ut_steps": 4}
 
 
-def published_tensors(hf: dict, seed: int = 0) -> dict:
-    """Random tensors under the published parameter names and shapes (norm gains away from 1,
-    a non-zero gate bias, so every tensor matters)."""
-    g = torch.Generator().manual_seed(seed)
-    d, f, V = hf["hidden_size"], hf["intermediate_size"], hf["vocab_size"]
-    hd = hf["head_dim"]
-    q, kv = hf["num_attention_heads"] * hd, hf["num_key_value_heads"] * hd
-
-    def r(*shape, scale=0.2):
-        return torch.randn(*shape, generator=g) * scale
-    t = {"model.embed_tokens.weight": r(V, d, scale=1.0), "model.norm.weight": 1 + r(d),
-         "model.early_exit_gate.weight": r(1, d), "model.early_exit_gate.bias": r(1),
-         "lm_head.weight": r(V, d)}
-    for i in range(hf["num_hidden_layers"]):
-        p = f"model.layers.{i}."
-        t.update({p + "self_attn.q_proj.weight": r(q, d), p + "self_attn.k_proj.weight": r(kv, d),
-                  p + "self_attn.v_proj.weight": r(kv, d), p + "self_attn.o_proj.weight": r(d, q),
-                  p + "mlp.gate_proj.weight": r(f, d), p + "mlp.up_proj.weight": r(f, d),
-                  p + "mlp.down_proj.weight": r(d, f)})
-        for n in ("input_layernorm", "input_layernorm_2", "post_attention_layernorm", "post_attention_layernorm_2"):
-            t[p + n + ".weight"] = 1 + r(d)
-    return t
 
 
-def write_hf(path, hf: dict, tensors: dict, shards: int = 0):
-    from safetensors.torch import save_file
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(hf))
-    if not shards:
-        save_file(tensors, str(path / "model.safetensors"))
-        return path
-    names = sorted(tensors)
-    per = math.ceil(len(names) / shards)
-    weight_map = {}
-    for i in range(shards):
-        fname = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
-        part = names[i * per:(i + 1) * per]
-        save_file({k: tensors[k] for k in part}, str(path / fname))
-        weight_map.update({k: fname for k in part})
-    (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    return path
 
 
 def reference_logits(t: dict, hf: dict, ids: torch.Tensor, steps: int) -> torch.Tensor:

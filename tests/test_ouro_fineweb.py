@@ -16,25 +16,10 @@ from loopscale import io as IO
 from loopscale.config import ConfigError, preset
 from loopscale.io import CheckpointError
 from loopscale.rundir import Preempted
+from ouro_support import WORDS, fineweb_rows
 
-WORDS = [f"w{i}" for i in range(60)]
 
 
-def fineweb_rows(n=40, seed=0):
-    """Documents in FineWeb's schema; every fifth one too short (fewer than 50 non-blank chars)."""
-    g = torch.Generator().manual_seed(seed)
-    rows = []
-    for i in range(n):
-        if i % 5 == 3:
-            text = "   w1 w2 w3   \n\n   "  # 8 characters once stripped: skipped
-        else:
-            k = int(torch.randint(15, 40, (1,), generator=g))
-            text = " ".join(WORDS[int(j)] for j in torch.randint(0, len(WORDS), (k,), generator=g))
-        rows.append({"text": text, "id": f"<urn:uuid:{i:08d}>", "dump": "CC-MAIN-2024-10",
-                     "url": f"https://example.org/{i}", "date": "2024-02-21T00:00:00Z",
-                     "file_path": "s3://commoncrawl/x.warc.gz", "language": "en",
-                     "language_score": 0.95, "token_count": len(text.split())})
-    return rows
 
 
 @pytest.fixture(scope="module")

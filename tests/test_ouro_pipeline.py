@@ -8,8 +8,8 @@ import math
 
 import pytest
 
-from test_pipeline import copy_worktree, smk
-from test_profiles import jobs_of
+from workflow_support import copy_worktree, smk
+from workflow_support import jobs_of
 
 
 @pytest.fixture(scope="module")
@@ -18,7 +18,9 @@ def repo(tmp_path_factory):
 
 
 def test_paper_ouro_trains_data_parallel_under_slurm(repo):
-    out = smk(repo, "--workflow-profile", "slurm", "--config", "experiment=paper-ouro", "-n").stdout
+    # the profile is quiet: --quiet reason lists each job (its resources and command) again
+    out = smk(repo, "--workflow-profile", "slurm", "--config", "experiment=paper-ouro", "-n",
+              "--quiet", "reason").stdout
     train = [j for j in jobs_of(out) if j["rule"] == "train"]
     conds = sorted(j["wildcards"]["cond"] for j in train)
     assert conds == sorted(f"{r}-terminal-none-inter_loop_norm"
@@ -77,8 +79,8 @@ def fineweb_params(repo):
     import yaml
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    from test_harness import QUESTIONS, write_mc_task
-    from test_ouro_fineweb import WORDS, fineweb_rows
+    from hf_support import QUESTIONS, write_mc_task
+    from ouro_support import WORDS, fineweb_rows
     fw = repo / "fineweb"
     (fw / "tok").mkdir(parents=True)
     pq.write_table(pa.Table.from_pylist(fineweb_rows(60)), fw / "000_00000.parquet")
@@ -155,7 +157,7 @@ def test_bad_fineweb_and_downstream_settings_are_one_line_errors(tmp_path, edit,
     import yaml
 
     from loopscale import pipeline as P
-    from test_pipeline import REPO
+    from workflow_support import REPO
     params = yaml.safe_load((REPO / "params.yaml").read_text())
     exp = params["experiments"]["paper-ouro"]
     for k, v in edit.items():
@@ -171,7 +173,7 @@ def test_other_experiments_configs_carry_no_fineweb_keys():
     files of every other experiment (and so its runs) stay as they were."""
     from loopscale import pipeline as P
     from loopscale.config import FINEWEB_KEYS
-    from test_pipeline import REPO
+    from workflow_support import REPO
     params = P.load_params(REPO / "params.yaml")
     run = P.build_experiment(params, "cpu").runs[0]
     text = P.config_texts(run)[0]

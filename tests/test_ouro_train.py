@@ -15,7 +15,7 @@ from loopscale.model import LoopedLM
 from loopscale.objective import compute_loss
 from loopscale.train import train
 
-from test_ouro import HF_TINY, published_tensors, write_hf
+from ouro_support import HF_TINY, published_tensors, write_hf
 
 
 def cfg(readout="rmsnorm", **objective):

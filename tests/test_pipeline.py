@@ -13,14 +13,12 @@ run the copy's code (PYTHONPATH=<copy>/src).
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import os
 import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -31,154 +29,9 @@ from loopscale import config as C
 from loopscale import pipeline as P
 from loopscale import registry as R
 
-REPO = Path(__file__).resolve().parents[1]
-VENV_BIN = Path(sys.executable).parent
-SNAKEMAKE = str(VENV_BIN / "snakemake")
-DVC = str(VENV_BIN / "dvc")
-SCHEMA = REPO / "workflow" / "schemas" / "params.schema.yaml"
-SMOKE = ("--config", "experiment=smoke")
-# tables whose numbers are a pure function of the runs (no timings): equal across hosts
-DETERMINISTIC_TABLES = ("main", "norms", "radial", "lemma", "clamp", "norm_loops", "depth")
-TIMING_COLUMN = re.compile(r"tokens_per_s|tok_per_s|wall|speedup|throughput|time", re.I)
-
-
-# ---------------------------------------------------------------------------
-# helpers
-# ---------------------------------------------------------------------------
-def pipeline_env(repo: Path, extra: dict | None = None) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env["PATH"] = os.pathsep.join([str(VENV_BIN), env.get("PATH", "")])
-    env["PYTHONPATH"] = str(repo / "src")
-    env.update(HF_DATASETS_OFFLINE="1", HF_HUB_OFFLINE="1", DVC_NO_ANALYTICS="1", PYTHONDONTWRITEBYTECODE="1")
-    env.update(extra or {})
-    return env
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(["git", "-c", "user.name=loopscale-test", "-c", "user.email=test@loopscale",
-                           *args], cwd=repo, check=True, capture_output=True, text=True).stdout
-
-
-def copy_worktree(dest: Path) -> Path:
-    """The repository's working tree (tracked + untracked, not ignored) as a fresh git repo."""
-    files = subprocess.run(["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, check=True,
-                           capture_output=True).stdout.decode().split("\0")
-    dest.mkdir(parents=True)
-    for f in filter(None, files):
-        src = REPO / f
-        if src.is_symlink():  # the `slurm` profile's name at the root (profiles/slurm)
-            (dest / f).parent.mkdir(parents=True, exist_ok=True)
-            os.symlink(os.readlink(src), dest / f)
-        elif src.is_file() and "__pycache__" not in f:
-            (dest / f).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, dest / f)
-    git(dest, "init", "-q", "-b", "main")
-    git(dest, "add", "-A")
-    git(dest, "commit", "-q", "-m", "working tree")
-    return dest
-
-
-def fresh_copy(src: Path, dest: Path) -> Path:
-    """A copy of a completed workspace, mtimes kept, without Snakemake's metadata (.snakemake/),
-    i.e. what a fresh clone with the outputs restored looks like to Snakemake."""
-    shutil.copytree(src, dest, symlinks=True, ignore=shutil.ignore_patterns(".snakemake"))
-    return dest
-
-
-def run(cmd: list[str], repo: Path, check: bool = True, timeout: float = 900, env: dict | None = None):
-    proc = subprocess.run(cmd, cwd=repo, env=env or pipeline_env(repo), capture_output=True, text=True,
-                          timeout=timeout)
-    if check and proc.returncode != 0:
-        pytest.fail(f"{' '.join(cmd)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}\n"
-                    f"--- stderr\n{proc.stderr[-6000:]}", pytrace=False)
-    return proc
-
-
-def smk(repo: Path, *args: str, **kw):
-    return run([SNAKEMAKE, *args], repo, **kw)
-
-
-def dry_run(repo: Path, *args: str) -> list[tuple[str, str]]:
-    """(rule, output) of every job `snakemake -n` would run ([] when nothing to do)."""
-    out = smk(repo, "-n", *SMOKE, *args).stdout
-    if "Nothing to be done" in out:
-        return []
-    jobs = []
-    for block in re.split(r"\n(?=(?:local)?rule \w+:)", out):
-        m = re.match(r"(?:local)?rule (\w+):", block)
-        if m:
-            o = re.search(r"^\s+output: (.*)$", block, re.M)
-            jobs.append((m.group(1), o.group(1) if o else ""))
-    return jobs
-
-
-def counts(jobs) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for rule, _ in jobs:
-        out[rule] = out.get(rule, 0) + 1
-    return out
-
-
-def tree_digest(repo: Path, dirs=("data", "runs", "results", "logs")) -> dict[str, str]:
-    """path -> sha256 of every file under `dirs` (plus mtimes of the files)."""
-    out = {}
-    for d in dirs:
-        for p in sorted((repo / d).rglob("*")) if (repo / d).exists() else []:
-            if p.is_file():
-                out[str(p.relative_to(repo))] = (hashlib.sha256(p.read_bytes()).hexdigest(), p.stat().st_mtime_ns)
-    return out
-
-
-def edit_params(repo: Path, fn) -> None:
-    path = repo / "params.yaml"
-    params = yaml.safe_load(path.read_text())
-    fn(params)
-    path.write_text(yaml.safe_dump(params, sort_keys=False))
-
-
-def read_table(path: Path) -> list[dict]:
-    import csv
-    with open(path) as f:
-        return [{k: v for k, v in row.items() if not TIMING_COLUMN.search(k)} for row in csv.DictReader(f)]
-
-
-def assert_same_tables(a: Path, b: Path) -> None:
-    for name in DETERMINISTIC_TABLES:
-        ta, tb = read_table(a / f"{name}.csv"), read_table(b / f"{name}.csv")
-        assert ta == tb, f"{name}.csv differs between {a} and {b}"
-
-
-def smoke_runs(repo: Path) -> list[Path]:
-    return sorted((repo / "runs" / "smoke").glob("*/*/seed*"))
-
-
-def _smoke_local(tmp_path_factory) -> tuple[Path, float]:
-    """The smoke grid run once per session through `snakemake --cores 2` (memoised on disk,
-    so test_slurm_pipeline.py reuses it, and so do the other pytest-xdist workers: under
-    xdist it lies in the session's folder, above the workers' own, behind a file lock).
-    Tests read it or copy it, never change it."""
-    from filelock import FileLock
-    root = tmp_path_factory.getbasetemp()
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        root = root.parent
-    base = root / "smoke-local"
-    marker = base / "wall_s"
-    with FileLock(str(root / "smoke-local.lock")):
-        if marker.exists():
-            return base / "repo", float(marker.read_text())
-        if base.exists():
-            shutil.rmtree(base)
-        repo = copy_worktree(base / "repo")
-        t0 = time.monotonic()
-        smk(repo, "--cores", "2", *SMOKE)
-        wall = time.monotonic() - t0
-        marker.write_text(f"{wall:.1f}")
-        return repo, wall
-
-
-@pytest.fixture(scope="session")
-def smoke_local(tmp_path_factory):
-    return _smoke_local(tmp_path_factory)
+from workflow_support import (DVC, REPO, SCHEMA, SMOKE, SNAKEMAKE, VENV_BIN,
+                              assert_same_tables, copy_worktree, counts, dry_run, edit_params, fresh_copy, git,
+                              load, pipeline_env, read_table, run, smk, smoke_runs, tree_digest)
 
 
 @pytest.fixture(scope="module")
@@ -187,12 +40,6 @@ def dry_workspace(tmp_path_factory):
     repo = copy_worktree(tmp_path_factory.mktemp("dry") / "repo")
     smk(repo, "-n", "-q", *SMOKE)
     return repo
-
-
-def load(params: dict, tmp_path: Path):
-    path = tmp_path / "params.yaml"
-    path.write_text(yaml.safe_dump(params, sort_keys=False))
-    return P.load_and_validate(path, SCHEMA)
 
 
 @pytest.fixture(scope="module")
@@ -329,10 +176,16 @@ def test_write_if_changed_keeps_mtime(tmp_path):
     assert P.write_if_changed(f, "x: 2\n") and f.read_text() == "x: 2\n"
 
 
+def write_settings(exp, root: Path) -> list[str]:
+    """Write the experiment's settings files as its settings jobs do; the paths (re)written."""
+    return [f for f, text in P.settings_files(exp).items() if P.write_if_changed(root / f, text)]
+
+
 def test_eval_settings_do_not_touch_train_config(params, tmp_path):
     _, exps = load(params, tmp_path)
-    assert len(P.materialize(exps["smoke"], tmp_path)) == 1 + 2 * len(exps["smoke"].runs)
-    assert P.materialize(exps["smoke"], tmp_path) == []  # unchanged: nothing rewritten
+    assert len(write_settings(exps["smoke"], tmp_path)) == 1 + 2 * len(exps["smoke"].runs)
+    assert write_settings(exps["smoke"], tmp_path) == []  # unchanged: nothing rewritten
+    assert not any(P.settings_stale(tmp_path / f, t) for f, t in P.settings_files(exps["smoke"]).items())
     run = exps["smoke"].runs[0]
     written = C.load_config(str(tmp_path / run.dir / "config.yaml"))  # what `loopscale train` reads
     assert written.train.threads == 0  # the train job passes its own threads (--set train.threads)
@@ -342,8 +195,9 @@ def test_eval_settings_do_not_touch_train_config(params, tmp_path):
     p = copy.deepcopy(params)
     p["experiments"]["smoke"]["eval"] = {"max_tokens": 1024}
     _, exps2 = load(p, tmp_path)
-    written = P.materialize(exps2["smoke"], tmp_path)
-    assert sorted(written) == sorted(f"{r.dir}/eval.yaml" for r in exps2["smoke"].runs)
+    stale = [f for f, t in P.settings_files(exps2["smoke"]).items() if P.settings_stale(tmp_path / f, t)]
+    assert stale == write_settings(exps2["smoke"], tmp_path)
+    assert sorted(stale) == sorted(f"{r.dir}/eval.yaml" for r in exps2["smoke"].runs)
     assert C.load_eval_config(str(tmp_path / run.dir / "eval.yaml")).max_tokens == 1024
 
 
@@ -413,38 +267,86 @@ def test_no_preset_alias(params, tmp_path):
         P.load_and_validate(path, SCHEMA, overrides={"preset": "smoke"})
 
 
-def _loaded_modules(module: str) -> set[str]:
-    """Source files of the loopscale modules that importing `module` really loads."""
-    code = (f"import sys, {module}; print('\\n'.join(sorted(m.__file__ for n, m in sys.modules.items() "
-            f"if n.split('.')[0] == 'loopscale')))")
-    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO / "src")},
-                         check=True, capture_output=True, text=True).stdout
-    return {str(Path(f).resolve().relative_to(REPO)) for f in out.split()}
+# the module each stage's job calls into (`loopscale <command>` dispatches to it)
+STAGE_ENTRY = {"data": "loopscale.data", "train": "loopscale.train", "train_stream": "loopscale.train_stream",
+               "eval": "loopscale.diagnostics", "report": "loopscale.report", "ouro": "loopscale.ouro_tools"}
 
 
-@pytest.mark.parametrize("stage", sorted(P.STAGE_MODULES))
+def _imports(path: Path, top_level: bool) -> set[str]:
+    """The loopscale modules a source file imports (relative imports resolved; `from m import
+    x` counts m.x when it is a module); with top_level, only those run on import."""
+    import ast
+    module = ".".join(path.relative_to(REPO / "src").with_suffix("").parts)
+    package = module.removesuffix(".__init__") if path.name == "__init__.py" else module.rpartition(".")[0]
+    def walk(node):  # with top_level, not into function bodies
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if not (top_level and isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))):
+                yield from walk(child)
+    out = set()
+    for node in walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([node.module] if node.module else []))
+            out |= {base} | {f"{base}.{a.name}" for a in node.names}
+    return {m.removeprefix("loopscale.") for m in out if m.startswith("loopscale.")}
+
+
+def _source(module: str) -> Path | None:
+    base = REPO / "src" / "loopscale" / Path(*module.split("."))
+    return next((f for f in (base.with_suffix(".py"), base / "__init__.py") if f.is_file()), None)
+
+
+def import_closure(entry: str) -> set[str]:
+    """Source files (relative to the repository) of the loopscale modules `entry` runs:
+    its imports, function-level ones included, followed through the package; a package's
+    __init__ counts with what it imports when loaded (its lazy exports serve users)."""
+    todo, seen = [entry.removeprefix("loopscale.")], set()
+    while todo:
+        m = todo.pop()
+        if m in seen or m.split(".")[0] in P.NOT_STAGE_CODE:  # the command-line dispatch, the DAG side
+            continue
+        path = _source(m)
+        if path is None:
+            continue  # a name imported from a module, not a module
+        seen.add(m)
+        todo += sorted(_imports(path, top_level=path.name == "__init__.py" and m != entry.removeprefix("loopscale.")))
+        parents = m.split(".")[:-1]
+        todo += [".".join(parents[:i + 1]) for i in range(len(parents))] + ["__init__"]
+    return {str(_source(m).relative_to(REPO)) for m in seen}
+
+
+@pytest.mark.parametrize("stage", P.STAGES)
 def test_stage_code_holds_every_imported_module(stage):
-    derived = set(P.stage_code(stage, REPO / "src"))
-    derived = {str(Path(f).relative_to(REPO)) for f in derived}
-    assert _loaded_modules(P.STAGE_MODULES[stage]) <= derived
-    if stage == "eval":  # imported inside a function only: still a dependency
-        assert "src/loopscale/halting.py" in derived
+    """Each stage's declared code (loopscale.pipeline.STAGE_ONLY) holds every module its entry
+    module imports, directly or not, also inside functions."""
+    declared = {str(Path(f).relative_to(REPO)) for f in P.stage_code(stage, REPO / "src")}
+    missing = import_closure(STAGE_ENTRY[stage]) - declared
+    assert not missing, f"{stage}: add {sorted(missing)} to loopscale.pipeline.STAGE_ONLY[{stage!r}]"
+    if stage == "eval":  # `loopscale eval story` writes its files with the report's code
+        assert "src/loopscale/report/document.py" in declared
 
 
-def test_stage_code_refuses_a_missing_module(tmp_path):
-    pkg = tmp_path / "pkg"
-    pkg.mkdir()
-    # a package's lazy imports (inside its functions) serve users, not the stage: not followed
-    (pkg / "__init__.py").write_text("def __getattr__(name):\n    from .lazy import z\n")
-    (pkg / "a.py").write_text("from . import b\n\ndef f():\n    from .c import g\n")
-    (pkg / "b.py").write_text("import os\nfrom pkg.sub import x\n")
-    (pkg / "sub").mkdir()
-    (pkg / "sub" / "__init__.py").write_text("x = 1\n")
-    with pytest.raises(ImportError, match="pkg.a imports pkg.c, which has no source file"):
-        P.module_files("pkg.a", tmp_path)
-    (pkg / "c.py").write_text("g = 1\n")
-    assert [Path(f).relative_to(tmp_path).as_posix() for f in P.module_files("pkg.a", tmp_path)] == \
-        ["pkg/__init__.py", "pkg/a.py", "pkg/b.py", "pkg/c.py", "pkg/sub/__init__.py"]
+def test_stage_code_lists_existing_modules_and_keeps_stages_apart(tmp_path):
+    package = REPO / "src" / "loopscale"
+    for name in {m for ms in P.STAGE_ONLY.values() for m in ms} | set(P.NOT_STAGE_CODE):
+        assert (package / name).is_dir() if name.endswith("/") else (package / f"{name}.py").is_file(), name
+    code = {s: {Path(f).relative_to(REPO).as_posix() for f in P.stage_code(s, REPO / "src")} for s in P.STAGES}
+    assert "src/loopscale/diagnostics.py" not in code["train"] | code["data"] | code["report"]
+    assert "src/loopscale/train.py" not in code["eval"] | code["data"]
+    assert not any(f.startswith("src/loopscale/cli/") or f == "src/loopscale/pipeline.py"
+                   for fs in code.values() for f in fs)
+    # a module no stage claims is code of every stage
+    (tmp_path / "loopscale" / "report").mkdir(parents=True)
+    for f in ("__init__.py", "model.py", "train.py", "new.py", "report/__init__.py"):
+        (tmp_path / "loopscale" / f).write_text("")
+    rel = {s: [Path(f).relative_to(tmp_path).as_posix() for f in P.stage_code(s, tmp_path)] for s in ("data", "train")}
+    assert rel == {"data": ["loopscale/__init__.py", "loopscale/model.py", "loopscale/new.py"],
+                   "train": ["loopscale/__init__.py", "loopscale/model.py", "loopscale/new.py", "loopscale/train.py"]}
 
 
 # ---------------------------------------------------------------------------
@@ -467,7 +369,9 @@ def test_smoke_dag(dry_workspace):
     c = counts(dry_run(dry_workspace))
     n = len(P.load_and_validate(dry_workspace / "params.yaml", SCHEMA, overrides={"experiment": "smoke"})[1]["smoke"].runs)
     assert n >= 1
-    assert c == {"prepare_data": 1, "train": n, "eval": n, "aggregate": 1, "figures": 1, "report": 1, "all": 1}
+    # settings: the data config and each run's config.yaml and eval.yaml (settings.smk)
+    assert c == {"settings": 1 + 2 * n, "prepare_data": 1, "train": n, "eval": n, "aggregate": 1, "figures": 1,
+                 "report": 1, "all": 1}
 
 
 def test_rule_inputs_are_derived(dry_workspace):
@@ -484,87 +388,48 @@ def test_rule_inputs_are_derived(dry_workspace):
         assert "src/loopscale/halting.py" in inputs and inputs[1].endswith("/model.pt")
 
 
-def test_a_held_experiment_lock_leaves_every_file_alone(dry_workspace):
-    """While another snakemake runs the experiment (it holds the lock), a second one with
-    changed settings stops with one line before writing any run config."""
-    good = (dry_workspace / "params.yaml").read_text()
-    lock = P.lock_experiment("smoke", dry_workspace)
-    try:
-        before = tree_digest(dry_workspace)
-        (dry_workspace / "params.yaml").write_text(good.replace("train: {max_steps: 20, threads: 1}",
-                                                                "train: {max_steps: 21, threads: 1}"))
-        proc = smk(dry_workspace, "-n", *SMOKE, check=False)
-        assert proc.returncode != 0
-        assert proc.stderr.strip().splitlines() == [
-            f"loopscale pipeline: error: another snakemake (pid {os.getpid()}) is running experiment smoke in this "
-            f"directory; wait for it to finish (nothing was written)"]
-        assert tree_digest(dry_workspace) == before
-    finally:
-        lock.close()
-    try:  # released: the next invocation (not a dry run, which puts back what it wrote) writes the new configs
-        smk(dry_workspace, "--list-rules", *SMOKE)
-        cfg = yaml.safe_load(next((dry_workspace / "runs" / "smoke").glob("*/*/seed*/config.yaml")).read_text())
-        assert cfg["train"]["max_steps"] == 21
-    finally:
-        (dry_workspace / "params.yaml").write_text(good)
-        smk(dry_workspace, "--list-rules", *SMOKE)
-
-
-def test_a_dry_run_leaves_no_trace(dry_workspace):
-    """`snakemake -n` on a temporary edit plans from the edited settings (a new seed, another
-    max_steps) but leaves no run directory, config or mtime changed behind."""
+def test_nothing_is_written_while_the_workflow_is_parsed(dry_workspace):
+    """A dry run and `--list-rules` with changed settings (a new seed, another max_steps) plan
+    from them but write nothing: the settings files are outputs of the settings jobs."""
     good = (dry_workspace / "params.yaml").read_text()
     exps = P.load_and_validate(dry_workspace / "params.yaml", SCHEMA, overrides={"experiment": "smoke"})[1]
-    P.materialize(exps["smoke"], dry_workspace)  # the configs a real invocation wrote earlier
+    write_settings(exps["smoke"], dry_workspace)  # the files an earlier invocation wrote
     before = tree_digest(dry_workspace)
-    dirs = sorted(p for p in (dry_workspace / "runs").rglob("*") if p.is_dir())
+    dirs = sorted(p for p in dry_workspace.rglob("*") if p.is_dir() and ".snakemake" not in p.parts)
     try:
         edit_params(dry_workspace, lambda p: p["experiments"]["smoke"].update(
             seeds=[42, 7], train={"max_steps": 21, "threads": 1}))
-        assert counts(dry_run(dry_workspace))["train"] == 2 * len(exps["smoke"].runs)  # the new seed is planned
-        assert tree_digest(dry_workspace) == before
-        for flag in ("--dry-run", "-nq"):
-            smk(dry_workspace, flag, *SMOKE)
-            assert tree_digest(dry_workspace) == before, flag
-            assert sorted(p for p in (dry_workspace / "runs").rglob("*") if p.is_dir()) == dirs, flag
+        c = counts(dry_run(dry_workspace))
+        n = len(exps["smoke"].runs)
+        # the old runs' config.yaml (max_steps), the new runs' config.yaml and eval.yaml
+        assert c["train"] == 2 * n and c["settings"] == n + 2 * n
+        for args in (("--dry-run",), ("-nq",), ("--list-rules",), ("--lint",)):
+            smk(dry_workspace, *args, *SMOKE)
+            assert tree_digest(dry_workspace) == before, args
+            assert sorted(p for p in dry_workspace.rglob("*") if p.is_dir() and ".snakemake" not in p.parts) == dirs
     finally:
         (dry_workspace / "params.yaml").write_text(good)
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_an_interrupted_dry_run_leaves_no_trace(dry_workspace, tmp_path, sig):
-    """A signal while `snakemake -n` writes a big grid's configs (atexit does not run on one):
-    the writes are put back, the process ends by that signal, no file or directory stays."""
-    params = yaml.safe_load((dry_workspace / "params.yaml").read_text())
-    smoke = params["experiments"]["smoke"]
-    per_seed = len(P.load_and_validate(dry_workspace / "params.yaml", SCHEMA,
-                                       overrides={"experiment": "smoke"})[1]["smoke"].runs) // len(smoke["seeds"])
-    smoke["seeds"] = list(range(C.LIMITS["grid_runs"] // per_seed))  # the largest grid allowed
-    big = tmp_path / "big.yaml"
-    big.write_text(yaml.safe_dump(params, sort_keys=False))
-    runs = dry_workspace / "runs" / "smoke"
-    P.materialize(P.load_and_validate(dry_workspace / "params.yaml", SCHEMA,
-                                      overrides={"experiment": "smoke"})[1]["smoke"], dry_workspace)
-    before = tree_digest(dry_workspace)
-    dirs = sorted(p for p in dry_workspace.rglob("*") if p.is_dir() and ".snakemake" not in p.parts)
-    proc = subprocess.Popen([SNAKEMAKE, "-n", "--config", "experiment=smoke", f"params={big}"], cwd=dry_workspace,
-                            env=pipeline_env(dry_workspace), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+def test_a_settings_file_newer_than_params_is_named(dry_workspace):
+    """An out-of-date settings file that is newer than params.yaml (edited by hand, or restored
+    by `dvc checkout` afterwards) would not be rewritten in a fresh clone: one line naming it."""
+    exps = P.load_and_validate(dry_workspace / "params.yaml", SCHEMA, overrides={"experiment": "smoke"})[1]
+    write_settings(exps["smoke"], dry_workspace)
+    path = dry_workspace / exps["smoke"].runs[0].dir / "config.yaml"
+    good = path.read_text()
     try:
-        deadline = time.monotonic() + 300
-        while proc.poll() is None and time.monotonic() < deadline:  # the first new run's config
-            if any(p.name not in ("seed42",) for p in runs.glob("*/*/seed*")):
-                break
-            time.sleep(0.01)
-        assert proc.poll() is None, f"the dry run ended before it was interrupted: {proc.stderr.read()[-2000:]}"
-        proc.send_signal(sig)
-        proc.wait(timeout=300)
+        path.write_text(good.replace("max_steps: 20", "max_steps: 5"))
+        proc = smk(dry_workspace, "-n", *SMOKE, check=False)
+        assert proc.returncode != 0
+        assert proc.stderr.strip().splitlines() == [
+            f"loopscale pipeline: error: {path.relative_to(dry_workspace)} holds other settings than params.yaml "
+            "gives and is newer than it, so it might not be rewritten: delete it (the pipeline writes it again)"]
+        os.utime(path, ns=(1_000_000_000, 1_000_000_000))  # older than params.yaml: its settings job reruns
+        jobs = dry_run(dry_workspace)
+        assert ("settings", str(path.relative_to(dry_workspace))) in jobs
     finally:
-        if proc.poll() is None:
-            proc.kill()
-    assert proc.returncode == -sig, proc.stderr.read()[-2000:]
-    assert tree_digest(dry_workspace) == before
-    assert sorted(p for p in dry_workspace.rglob("*") if p.is_dir() and ".snakemake" not in p.parts) == dirs
-    assert not [p for p in dry_workspace.rglob("*.tmp")]
+        path.write_text(good)
 
 
 def test_bad_params_stop_snakemake_with_one_line(dry_workspace):
@@ -603,15 +468,16 @@ def test_a_setting_out_of_range_stops_snakemake(dry_workspace, section, key, val
 
 
 def test_paper_grid_dry_run_is_fast(dry_workspace, record_property):
-    # the first call also writes the 108 run configs (later calls are a little faster)
     t0 = time.monotonic()
     out = smk(dry_workspace, "-n", "--config", "experiment=paper").stdout
     wall = time.monotonic() - t0
     record_property("paper_dry_run_s", round(wall, 2))
     print(f"\npaper grid dry run: {wall:.1f} s")
     c = counts([(m, "") for m in re.findall(r"^(?:local)?rule (\w+):", out, re.M)])
-    # one training and one evaluation job per run (all seven diagnostics, the model loaded once)
-    assert c == {"prepare_data": 1, "train": 54, "eval": 54, "aggregate": 1, "figures": 1, "report": 1, "all": 1}
+    # one training and one evaluation job per run (all seven diagnostics, the model loaded once),
+    # and a settings job for each of the 109 settings files (the data config, 2 per run)
+    assert c == {"settings": 109, "prepare_data": 1, "train": 54, "eval": 54, "aggregate": 1, "figures": 1,
+                 "report": 1, "all": 1}
     assert wall < 60, f"dry run of the paper grid took {wall:.1f} s"
 
 
@@ -774,8 +640,8 @@ def test_changed_condition_reruns_only_it_and_a_divergence_is_recorded(smoke_loc
     edit_params(repo, edit)
     jobs = dry_run(repo)
     c = counts(jobs)
-    assert c == {"train": 1, "eval": 1, "aggregate": 1, "figures": 1, "report": 1, "all": 1}
-    assert all(target in o for r, o in jobs if r in ("train", "eval"))
+    assert c == {"settings": 1, "train": 1, "eval": 1, "aggregate": 1, "figures": 1, "report": 1, "all": 1}
+    assert all(target in o for r, o in jobs if r in ("settings", "train", "eval"))
 
     other = repo / "runs" / "smoke" / "smoke" / "rmsnorm-per_loop-none-residual" / "seed42"
     untouched = tree_digest(other, dirs=(".",))

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -18,11 +17,12 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
-from test_pipeline import REPO, copy_worktree, smk
+from workflow_support import REPO, copy_worktree, smk
+from workflow_support import jobs_of
 
 PROFILES = REPO / "profiles"
 # rules that never use a GPU and run single-threaded; the others train or evaluate a model
-CPU_RULES = {"prepare_data", "aggregate", "figures", "report"}
+CPU_RULES = {"settings", "prepare_data", "aggregate", "figures", "report"}
 
 
 @pytest.fixture(scope="module")
@@ -30,18 +30,6 @@ def repo(tmp_path_factory):
     return copy_worktree(tmp_path_factory.mktemp("profiles") / "repo")
 
 
-def jobs_of(dry_run_output: str) -> list[dict]:
-    """rule, wildcards and resources of every job of a dry run's output (local rules too)."""
-    jobs = []
-    for block in re.split(r"\n(?=(?:local)?rule \w+:)", dry_run_output):
-        m = re.match(r"(?:local)?rule (\w+):", block)
-        if not m or m.group(1) == "all":
-            continue
-        fields = {k: v for k, v in re.findall(r"^\s+(wildcards|resources): (.*)$", block, re.M)}
-        parse = lambda s: dict(kv.split("=", 1) for kv in s.split(", ")) if s else {}  # noqa: E731
-        res = {k: int(v) if v.isdigit() else v for k, v in parse(fields.get("resources", "")).items()}
-        jobs.append({"rule": m.group(1), "wildcards": parse(fields.get("wildcards", "")), "resources": res})
-    return jobs
 
 
 def partition_of(job: dict) -> str:
@@ -52,10 +40,14 @@ def partition_of(job: dict) -> str:
     return get_best_partition(partitions, stub, logging.getLogger("test"))
 
 
+# the profiles are quiet (no rule blocks); this shows each job's block again, without its reason
+LISTED = ("--quiet", "reason")
+
+
 @functools.lru_cache(maxsize=None)
 def slurm_dry_run(repo: Path, experiment: str) -> tuple[list[dict], str]:
-    """The documented dry run (memoised: each experiment is dry-run once per session)."""
-    proc = smk(repo, "--workflow-profile", "slurm", "--config", f"experiment={experiment}", "-n")
+    """The documented dry run, every job listed (memoised: each experiment is dry-run once per session)."""
+    proc = smk(repo, "--workflow-profile", "slurm", "--config", f"experiment={experiment}", "-n", *LISTED)
     return jobs_of(proc.stdout), proc.stderr
 
 
@@ -92,7 +84,7 @@ def test_the_slurm_profile_is_found_by_its_name(repo, monkeypatch):
     assert plain(by_name.default_resources)["slurm_account"]
     assert by_name.executor == "slurm"
     assert Path(by_name.slurm_partition_config).resolve() == (repo / "profiles" / "slurm" / "partitions.yaml")
-    proc = smk(repo, "--profile", "slurm", "--config", "experiment=smoke", "-n")
+    proc = smk(repo, "--profile", "slurm", "--config", "experiment=smoke", "-n", *LISTED)
     assert "Using profile slurm for setting default" in proc.stderr
     assert jobs_of(proc.stdout) == slurm_dry_run(repo, "smoke")[0]
 
@@ -107,7 +99,7 @@ def test_the_dry_run_warns_of_the_placeholder_account(repo, tmp_path):
     warnings = [line for line in stderr.splitlines() if "placeholder" in line]
     assert len(warnings) == 1 and f"slurm_account is still the placeholder '{PLACEHOLDER_ACCOUNT}'" in warnings[0]
     assert warnings[0].startswith("loopscale pipeline: warning:")
-    mine = smk(repo, "--workflow-profile", "slurm", "--config", "experiment=smoke", "-n",
+    mine = smk(repo, "--workflow-profile", "slurm", "--config", "experiment=smoke", "-n", *LISTED,
                "--default-resources", "slurm_account='lab42'")
     assert "placeholder" not in mine.stderr and jobs_of(mine.stdout)
     assert placeholder_account({"slurm_account": "lab42"}) is None and placeholder_account(None) is None
@@ -189,3 +181,21 @@ def test_make_runs_snakemake_quietly(repo):
     text = quiet_run.stdout + quiet_run.stderr
     assert not re.search(r"^\s+(input|output|reason):", text, re.M) and not re.search(r"^(local)?rule \w+:", text, re.M)
     assert "Job stats:" in text and len(text.splitlines()) < len((loud.stdout + loud.stderr).splitlines()) / 3
+
+
+@pytest.mark.parametrize("profile", [("--workflow-profile", "slurm"), ("--profile", "slurm"),
+                                     ("--profile", str(PROFILES / "slurm-local"), "--workflow-profile", "none")],
+                         ids=["workflow-profile slurm", "profile slurm", "slurm-local"])
+def test_profiles_are_quiet(repo, profile):
+    """Every profile runs Snakemake quietly (`quiet: [rules, host]`): a dry run of the smoke
+    experiment prints at most a few lines per job (the job count read from the dry run itself),
+    no rule block and no input list; `--quiet reason` on the command line lists the jobs again."""
+    for d in PROFILES.iterdir():
+        if d.is_dir():
+            assert yaml.safe_load((d / "config.yaml").read_text())["quiet"] == ["rules", "host"], d.name
+    proc = smk(repo, *profile, "--config", "experiment=smoke", "-n")
+    lines = (proc.stdout + proc.stderr).splitlines()
+    jobs = int(re.search(r"^total\s+(\d+)$", proc.stdout, re.M).group(1))
+    assert jobs == len(jobs_of(smk(repo, *profile, "--config", "experiment=smoke", "-n", *LISTED).stdout)) + 1  # + all
+    assert len(lines) <= 3 * jobs, "\n".join(lines)
+    assert not [line for line in lines if re.match(r"\s+(input|output|reason|resources):|(local)?rule \w+:", line)]

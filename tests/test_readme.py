@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import figures
-from test_pipeline import copy_worktree, pipeline_env
+from workflow_support import copy_worktree, pipeline_env
 
 REPO = Path(__file__).resolve().parents[1]
 BLOCK = re.compile(r"(?:<!-- readme-test: (run|skip)(?: ([^>]*?))? -->\n)?```(\w*)\n(.*?)```", re.S)

@@ -1,7 +1,6 @@
 """No run is ever silently mixed or lost: retrains, report grouping, duplicate YAML keys,
 hostile arguments, signals (issue "Reliability 3", outside the artifact surfaces)."""
 import json
-import math
 import os
 import shutil
 import signal
@@ -14,7 +13,7 @@ import pytest
 
 from loopscale import cli
 from loopscale.config import ConfigError, read_yaml
-from test_report import make_run
+from report_support import make_run
 
 REPO = Path(__file__).resolve().parents[1]
 

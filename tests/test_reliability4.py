@@ -29,7 +29,7 @@ from loopscale.cli import main
 from loopscale.config import LIMITS, ConfigError, DataConfig, load_eval_config, preset
 from loopscale.io import CheckpointError, run_lock
 
-from test_ouro import HF_TINY, published_tensors, write_hf
+from ouro_support import HF_TINY, published_tensors, write_hf
 
 
 def one_line_error(capsys, argv, needle: str) -> str:
@@ -238,7 +238,7 @@ class TestRunWriters:
         assert not list(tmp_path.glob(".run.new-*"))
 
     def test_convert_paper_force_on_a_full_disk_keeps_the_old_run(self, tmp_path, capsys, monkeypatch):
-        from test_convert import CHECKPOINTS
+        from official import CHECKPOINTS
 
         from loopscale import convert
         run = tmp_path / "run"
@@ -286,7 +286,7 @@ class TestTokenizerChecks:
 
     @pytest.mark.parametrize("larger", [False, True])
     def test_train_stream_refuses_val_data_of_another_tokenizer_before_training(self, tmp_path, larger):
-        from test_ouro_fineweb import WORDS, fineweb_rows
+        from ouro_support import WORDS, fineweb_rows
 
         from loopscale import fineweb as FW
         from loopscale import train_stream as TS
@@ -389,13 +389,13 @@ class TestStreamInputs:
 class TestConvertPaper:
     @pytest.mark.parametrize("key,value", [("seq_len", 10**9), ("ff_multiplier", 10**8)])
     def test_oversized_settings_are_refused_before_allocation(self, tmp_path, capsys, key, value):
-        from test_convert import _refused, _set, _with
+        from convert_support import _refused, _set, _with
         t0 = time.monotonic()
         _refused(tmp_path, capsys, _with(_set("model", key, value)), "")
         assert time.monotonic() - t0 < 60
 
     def test_a_float64_weight_beyond_float32_is_refused(self, tmp_path, capsys):
-        from test_convert import _refused, _with
+        from convert_support import _refused, _with
 
         def huge(ck):
             name = next(k for k, v in ck["model_state"].items() if k.endswith("ffn.w2.weight"))
@@ -588,7 +588,7 @@ class TestCorpusSmallerThanAWindow:
         assert not trained and not (run / "model.pt").exists()
 
     def test_train_stream_refuses_val_data_shorter_than_a_window_before_training(self, tmp_path, monkeypatch):
-        from test_ouro_fineweb import WORDS, fineweb_rows
+        from ouro_support import WORDS, fineweb_rows
 
         import loopscale.train as T
         from loopscale import fineweb as FW

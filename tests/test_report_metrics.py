@@ -7,7 +7,7 @@ import pandas as pd
 import pytest
 
 from loopscale.cli import main
-from test_report import grid, make_run  # noqa: F401  (fixture)
+from report_support import make_run
 
 
 def test_metrics_json_per_condition(grid, tmp_path):  # noqa: F811

@@ -2,8 +2,8 @@
 (fixture `slurm_cluster`, tests/slurm_cluster.py) gives the same tables as a local run
 (training and evaluation are deterministic on CPU; timing columns are left out).
 
-Works in a copy of the working tree under tmp_path, like tests/test_pipeline.py, whose
-session-wide local smoke run it reuses.
+Works in a copy of the working tree under tmp_path, like tests/test_pipeline.py, and reuses
+the session-wide local smoke run (conftest.py's `smoke_local`).
 """
 from __future__ import annotations
 
@@ -13,13 +13,7 @@ import time
 import pytest
 
 from slurm_cluster import slurm_cluster  # noqa: F401  (registers the fixture)
-from test_pipeline import (SMOKE, _smoke_local, assert_same_tables, copy_worktree, dry_run, pipeline_env,
-                           smoke_runs)
-
-
-@pytest.fixture(scope="session")
-def smoke_local(tmp_path_factory):
-    return _smoke_local(tmp_path_factory)  # memoised on disk: shared with test_pipeline.py
+from workflow_support import SMOKE, assert_same_tables, copy_worktree, dry_run, pipeline_env, smoke_runs
 
 
 @pytest.mark.slow

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from slurm_cluster import SNAKEMAKE, slurm_cluster  # noqa: F401  (registers the fixture)
-from test_pipeline import SMOKE, copy_worktree, edit_params, pipeline_env, smk
+from workflow_support import SMOKE, copy_worktree, edit_params, pipeline_env, smk
 
 pytestmark = pytest.mark.slow
 

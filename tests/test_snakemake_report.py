@@ -9,7 +9,7 @@ import zipfile
 import pytest
 
 from loopscale.report.figures import FIGURES
-from test_pipeline import SMOKE, smk, smoke_local  # noqa: F401  (fixture)
+from workflow_support import SMOKE, smk
 
 TABLES = ["claims", "main", "depth", "norms", "norm_loops", "radial", "lemma", "clamp", "scale", "halting", "drift",
           "runs"]

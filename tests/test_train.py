@@ -204,7 +204,7 @@ def test_a_second_trainer_on_the_same_run_is_refused(smoke_data, tmp_path, capsy
     with run_lock(run, "loopscale train"):  # what a running trainer holds
         rc = cli.main(["train", "--preset", "smoke", "--data", str(smoke_data), "--out", str(run), "-q"])
         err = capsys.readouterr().err.strip()
-        assert rc == 2 and len(err.splitlines()) == 1 and f"is in use by loopscale train (pid " in err, err
+        assert rc == 2 and len(err.splitlines()) == 1 and "is in use by loopscale train (pid " in err, err
         assert sorted(p.name for p in run.iterdir()) == [".lock"]
     with run_lock(run, "again"):  # released on exit
         pass

@@ -10,10 +10,9 @@
   problem is one `ParamsError` whose message is one line naming the key;
 * expands an experiment into runs: sizes x conditions x seeds, where conditions come
   from named condition sets, inline lists and grids of axes;
-* writes each run's resolved config with `write_if_changed` (an unchanged run keeps its
-  file and its mtime, which is what makes Snakemake's mtime rule work in a fresh clone).
-
-Files written per experiment (at DAG-construction time, before any job):
+* gives the text of each settings file (`settings_files`), which the workflow's settings
+  rule writes, one local job per file, before the jobs that read it (nothing is written
+  while Snakemake parses the workflow):
 
     data/<exp>/config.yaml                 the data settings (input of prepare_data)
     runs/<exp>/<size>/<cond>/seed<seed>/config.yaml
@@ -22,6 +21,13 @@ Files written per experiment (at DAG-construction time, before any job):
     runs/<exp>/<size>/<cond>/seed<seed>/eval.yaml
                                            the run's evaluation settings (EvalConfig;
                                            input of its evaluations, --eval-config)
+    runs/<exp>/<size>/<cond>/seed<seed>/stream.yaml
+                                           a streamed run's stream settings (train-stream)
+
+  A file is rewritten only when its text changes (`write_if_changed`), so a changed setting
+  reruns exactly the jobs that read a changed file, also in a fresh clone without Snakemake's
+  metadata (`settings_stale`);
+* lists the code each stage runs (`stage_code`), an input of the stage's jobs.
 
 where <cond> is the condition id `<readout>-<loss>-<regularizer>-<recurrence>`
 (`loopscale.registry.Condition.id`).
@@ -32,13 +38,10 @@ builds fast; the `python -m loopscale.pipeline` commands used inside jobs may im
 from __future__ import annotations
 
 import argparse
-import ast
-import contextlib
 import itertools
 import json
 import os
 import re
-import signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,7 +51,7 @@ import yaml
 
 from . import registry
 from .config import EVAL_PRESETS, LIMITS, MODEL_PRESETS, ConfigError, EvalConfig, RunConfig, merge, read_yaml
-from .io import atomic_write_bytes, atomic_write_text
+from .io import atomic_write_text
 from .registry import AXES, AXIS_DEFAULTS, Condition, axis_values
 
 DIAGNOSTICS = tuple(registry.DIAGNOSTICS)
@@ -78,10 +81,6 @@ def _dump(d: dict) -> str:
 
 class ParamsError(ValueError):
     """A bad params.yaml. The message is one line and names the offending key."""
-
-
-class LockedError(RuntimeError):
-    """Another pipeline process holds the experiment's lock."""
 
 
 # ---------------------------------------------------------------------------
@@ -613,7 +612,7 @@ def load_and_validate(params_path: str | os.PathLike, schema_path: str | os.Path
 
 
 # ---------------------------------------------------------------------------
-# files
+# settings files (workflow/rules/settings.smk writes them, one job each)
 # ---------------------------------------------------------------------------
 def write_if_changed(path: str | os.PathLike, text: str) -> bool:
     """Write `text` to `path` atomically unless it already holds exactly that text.
@@ -627,24 +626,6 @@ def write_if_changed(path: str | os.PathLike, text: str) -> bool:
         pass
     atomic_write_text(path, text)
     return True
-
-
-def lock_experiment(name: str, root: str | os.PathLike = "."):
-    """Take the experiment's lock `.snakemake/loopscale-<name>.lock` (io.FileLock) for as long
-    as the returned lock is not closed (the process's lifetime: keep a reference). The system
-    releases it when the process ends, however it ends, so a killed run leaves no stale lock.
-
-    Raises LockedError when another live process holds it."""
-    from .io import FileLock
-
-    path = Path(root) / ".snakemake" / f"loopscale-{name}.lock"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(path)
-    if not lock.acquire(f"{os.getpid()}"):
-        holder = lock.holder() or "?"
-        raise LockedError(f"another snakemake (pid {holder}) is running experiment {name} in this directory; "
-                          f"wait for it to finish (nothing was written)")
-    return lock
 
 
 _HEADER = "# Written by the pipeline from params.yaml ({what}); do not edit: edit params.yaml.\n"
@@ -671,126 +652,54 @@ def compact_data(data: dict) -> dict:
     return {k: v for k, v in data.items() if not (k in FINEWEB_KEYS and v == defaults[k])}
 
 
-# the signals that end a dry run early (Ctrl-C, kill, a closed terminal): `dry_materialize`
-# puts back what it wrote before the process ends by one
-INTERRUPTS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-
-
-def materialize(exp: Experiment, root: str | os.PathLike = ".", undo: Optional[list] = None,
-                step=None) -> list[str]:
-    """Write the experiment's data config and every run's configs (write-if-changed).
-
-    Returns the paths that were (re)written. With an `undo` list, what each write replaced
-    (the old bytes and times, or nothing) and each directory it created are recorded there
-    for `undo_writes`: a dry run plans from the new files, then puts everything back.
-    `step()`, a context manager, holds each write with its record (`dry_materialize` defers
-    a signal's undo until both are done, so the undo never misses a file)."""
-    root = Path(root)
-    written = []
-
-    def write(rel: Path, text: str) -> None:
-        path = root / rel
-        with step() if step else contextlib.nullcontext():
-            if undo is not None:
-                before = _file_state(path)
-                created = [d for d in reversed(path.parents) if not d.exists()]
-            if write_if_changed(path, text):
-                written.append(str(rel))
-                if undo is not None:
-                    undo.append((path, before, created))
-    write(Path(exp.data_dir) / "config.yaml",
-          _HEADER.format(what=f"experiment {exp.name}, data settings") + _dump({"data": compact_data(exp.data)}))
+def settings_files(exp: Experiment) -> dict[str, str]:
+    """{path: text} of every settings file of the experiment: data/<exp>/config.yaml (input of
+    prepare_data) and each run's config.yaml (train), eval.yaml (its evaluations) and, when
+    streamed, stream.yaml (train-stream)."""
+    files = {f"{exp.data_dir}/config.yaml": _HEADER.format(what=f"experiment {exp.name}, data settings")
+             + _dump({"data": compact_data(exp.data)})}
     for run in exp.runs:
-        for name, t in zip(("config.yaml", "eval.yaml"), config_texts(run)):
-            write(Path(run.dir) / name, t)
+        files[f"{run.dir}/config.yaml"], files[f"{run.dir}/eval.yaml"] = config_texts(run)
         if run.stream is not None:
             what = f"experiment {exp.name}, run {run.size}/{run.condition.id}/seed{run.seed}"
-            write(Path(run.dir) / "stream.yaml", _HEADER.format(
-                what=f"{what}: stream settings, input of `loopscale train-stream --stream-config`")
-                + _dump({"stream": run.stream}))
-    return written
+            files[f"{run.dir}/stream.yaml"] = _HEADER.format(
+                what=f"{what}: stream settings, input of `loopscale train-stream --stream-config`"
+            ) + _dump({"stream": run.stream})
+    return files
 
 
-def _file_state(path: Path) -> Optional[tuple[bytes, int, int]]:
+# A settings job runs when its file is missing or holds other text than params.yaml gives now.
+# Snakemake sees the second case by modification times, also in a fresh clone without
+# .snakemake/ metadata: the job's inputs are the files the settings come from (params.yaml,
+# exp.yaml, SETTINGS_CODE), which an edit makes newer than the file. They count only for a
+# file whose text is out of date: `settings_stale` tells which (the rule marks the sources of
+# the others ancient, so an edit of params.yaml reruns no other job).
+SETTINGS_CODE = ("config", "registry", "pipeline", "fineweb")  # the modules that compute the texts
+
+
+def write_settings(path: str, text: str, log: str) -> None:
+    """The settings job: write the file if its text changed, and say which in the log."""
+    changed = write_if_changed(path, text)
+    Path(log).write_text(f"{path}: {'written' if changed else 'unchanged'}\n")
+
+
+def settings_stale(path: str | os.PathLike, text: str) -> bool:
+    """Whether the settings file exists and holds other text than `text`."""
     try:
-        st = path.stat()
-        return path.read_bytes(), st.st_atime_ns, st.st_mtime_ns
-    except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
-        return None
+        return Path(path).read_text() != text
+    except (FileNotFoundError, IsADirectoryError, UnicodeDecodeError):
+        return False
 
 
-def undo_writes(undo: list) -> None:
-    """Put back what `materialize(..., undo=...)` wrote: old contents with their times, new
-    files and the (then empty) directories created for them removed."""
-    for path, before, created in reversed(undo):
-        try:
-            if before is None:
-                path.unlink(missing_ok=True)
-            else:
-                data, atime, mtime = before
-                atomic_write_bytes(path, data)
-                os.utime(path, ns=(atime, mtime))
-            for d in reversed(created):
-                d.rmdir()
-        except OSError:
-            continue  # not empty (another file appeared): left as it is
-
-
-def dry_materialize(exp: Experiment, root: str | os.PathLike = ".") -> list:
-    """`materialize` for a dry run (`snakemake -n`), which must leave no trace: everything it
-    writes is put back when the process exits (atexit) or is ended by one of `INTERRUPTS`
-    (atexit does not run on a signal): the handler undoes the writes, then ends the process
-    by the same signal. A signal that arrives during a write waits for the write and its
-    undo record. Installed for the rest of the process (the dry run plans from the files
-    after this returns). Returns the undo list."""
-    undo: list = []
-    state = {"pending": True, "busy": False, "signal": None}
-
-    def put_back() -> None:
-        if state["pending"]:
-            state["pending"] = False
-            undo_writes(undo)
-
-    def end(signum: int) -> None:
-        for sig in INTERRUPTS:  # a second Ctrl-C waits for the undo
-            signal.signal(sig, signal.SIG_IGN)
-        put_back()
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)  # ended as by the signal (exit status 128 + signum)
-
-    def interrupted(signum, frame) -> None:
-        if state["busy"]:
-            state["signal"] = signum
-        else:
-            end(signum)
-
-    @contextlib.contextmanager
-    def step():
-        state["busy"] = True
-        try:
-            yield
-        finally:
-            state["busy"] = False
-        if state["signal"] is not None:
-            end(state["signal"])
-
-    import atexit
-    atexit.register(put_back)
-    for sig in INTERRUPTS:
-        signal.signal(sig, interrupted)
-    materialize(exp, root, undo=undo, step=step)
-    return undo
-
-
-def is_dry_run(argv: list[str]) -> bool:
-    """Whether a snakemake command line asks for a dry run (-n, --dry-run, -n among combined
-    short flags such as -np)."""
-    for a in argv[1:]:
-        if a == "--":
-            break
-        if a.startswith("--dry") or re.fullmatch(r"-[A-Za-z]*n[A-Za-z]*", a):
-            return True
-    return False
+def check_settings(files: dict[str, str], sources: list[str]) -> None:
+    """A settings file that is out of date but not older than any of its sources (edited by hand,
+    or restored by `dvc checkout` after them) would not be rewritten in a fresh clone: one line
+    saying what to do."""
+    newest = max((os.stat(s).st_mtime_ns for s in sources if os.path.exists(s)), default=0)
+    for path, text in files.items():
+        if settings_stale(path, text) and os.stat(path).st_mtime_ns >= newest:
+            raise ParamsError(f"{path} holds other settings than {sources[0]} gives and is newer "
+                              f"than it, so it might not be rewritten: delete it (the pipeline writes it again)")
 
 
 # the SLURM profile's account until a user sets theirs (profiles/slurm/config.yaml, EDIT (1))
@@ -817,100 +726,35 @@ def placeholder_account(default_resources) -> Optional[str]:
 # ---------------------------------------------------------------------------
 # code each stage depends on
 # ---------------------------------------------------------------------------
-# the module each stage's job calls into (`loopscale <command>` dispatches to it); cli.py
-# and this module, the dispatch and the DAG side, are not stage code
-STAGE_MODULES = {"data": "loopscale.data", "train": "loopscale.train", "eval": "loopscale.diagnostics",
-                 "report": "loopscale.report"}
+# Modules (files under src/loopscale/, a trailing / for a whole subpackage) that only some stages
+# run. Every other module of the package (configuration, data, model, I/O, ...) is code of every
+# stage, so a new (or renamed) module counts everywhere until it is listed here. A change to a stage's code
+# reruns its jobs. NOT_STAGE_CODE: the command-line dispatch, the DAG side and tools no job runs.
+# tests/test_pipeline.py checks each stage's list against the modules it imports.
+STAGE_ONLY = {
+    "train": ("train", "rundir", "distributed"),
+    "train_stream": ("train", "train_stream", "rundir", "distributed"),
+    "eval": ("diagnostics", "exits", "halting", "report/"),
+    "report": ("report/",),
+    "ouro": ("ouro_tools", "exits", "generate", "harness", "hf"),
+}
+STAGES = ("data", *STAGE_ONLY)
+NOT_STAGE_CODE = ("cli/", "pipeline", "bench", "convert")
 
 
-def _module_file(name: str, src: Path) -> Optional[Path]:
-    base = src.joinpath(*name.split("."))
-    for f in (base.with_suffix(".py"), base / "__init__.py"):
-        if f.is_file():
-            return f
-    return None
-
-
-class _Imports(ast.NodeVisitor):
-    """The import statements of a module: all of them, or (top_level) only those that run
-    when the module is imported (not inside function bodies)."""
-
-    def __init__(self, top_level: bool):
-        self.top_level, self.nodes = top_level, []
-
-    def visit_Import(self, node):
-        self.nodes.append(node)
-
-    visit_ImportFrom = visit_Import
-
-    def visit_FunctionDef(self, node):
-        if not self.top_level:
-            self.generic_visit(node)
-
-    visit_AsyncFunctionDef = visit_Lambda = visit_FunctionDef
-
-
-def _imported(name: str, path: Path, top_level: bool) -> Iterable[tuple[str, bool]]:
-    """(module, required) for every import statement in the module's source. `from m
-    import x` yields m (required) and m.x (only if it is a submodule)."""
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    finder = _Imports(top_level)
-    finder.visit(ast.parse(path.read_text(), str(path)))
-    for node in finder.nodes:
-        if isinstance(node, ast.Import):
-            for a in node.names:
-                yield a.name, True
-            continue
-        if node.level:
-            parts = package.split(".")
-            base = ".".join(parts[:len(parts) - node.level + 1])
-            module = f"{base}.{node.module}" if node.module else base
-        else:
-            module = node.module
-        yield module, True
-        for a in node.names:
-            yield f"{module}.{a.name}", False
-
-
-def module_files(entry: str, src: str | os.PathLike = "src") -> list[str]:
-    """Source files of `entry` and of every module of its top-level package that it imports,
-    directly or not: the code a stage depends on (read with ast, nothing is imported).
-
-    Imports inside functions count (the stage may call them). Packages (__init__.py, run
-    by importing any of their modules) count with the imports they run at import time, not
-    the lazy ones inside their functions (those serve attribute access by users, e.g.
-    `loopscale.load`), unless the package is `entry`. An imported module of the package without a
-    source file raises ImportError (a renamed module must not silently drop out of the
-    dependencies)."""
-    src = Path(src)
-    root = entry.split(".")[0]
-    files: dict[str, Path] = {}
-    done: set[tuple[str, bool]] = set()  # (module, top level only)
-    todo = [(entry, True, False, entry)]  # (module, required, top level only, imported by)
-    while todo:
-        name, required, top_level, by = todo.pop()
-        if not (name == root or name.startswith(root + ".")):
-            continue
-        path = _module_file(name, src)
-        if path is None:
-            if required:
-                raise ImportError(f"{by} imports {name}, which has no source file under {src}")
-            continue
-        top_level = top_level or (path.name == "__init__.py" and name != entry)
-        if (name, False) in done or (name, top_level) in done:
-            continue
-        files[name] = path
-        done.add((name, top_level))
-        parent = name.rpartition(".")[0]
-        if parent:
-            todo.append((parent, True, True, name))
-        todo += [(m, req, False, name) for m, req in _imported(name, path, top_level)]
-    return sorted(str(p) for p in files.values())
+def _module_paths(names: Iterable[str], package: Path) -> set[Path]:
+    out = set()
+    for name in names:
+        out |= set((package / name).rglob("*.py")) if name.endswith("/") else {package / f"{name}.py"}
+    return {p for p in out if p.is_file()}
 
 
 def stage_code(stage: str, src: str | os.PathLike = "src") -> list[str]:
-    """The source files of the code the pipeline stage `stage` (data, train, eval, report) runs."""
-    return module_files(STAGE_MODULES[stage], src)
+    """The source files of the code the pipeline stage `stage` (one of STAGES) runs."""
+    package = Path(src) / "loopscale"
+    others = _module_paths([m for ms in STAGE_ONLY.values() for m in ms] + list(NOT_STAGE_CODE), package)
+    shared = set(package.rglob("*.py")) - others
+    return sorted(str(p) for p in shared | _module_paths(STAGE_ONLY.get(stage, ()), package))
 
 
 # ---------------------------------------------------------------------------

@@ -182,7 +182,7 @@ def smoke_record(repo: Path) -> dict:
 def smoke_workspace(root: Path) -> Path:
     """The smoke experiment run in a fresh copy of the working tree (as tests/test_pipeline.py does)."""
     sys.path.insert(0, str(TESTS))
-    from test_pipeline import SMOKE, copy_worktree, smk
+    from workflow_support import SMOKE, copy_worktree, smk
     repo = copy_worktree(root / "repo")
     smk(repo, "--cores", "2", *SMOKE)
     return repo

@@ -3,20 +3,9 @@
 # params.yaml is read and validated in full here, before any job: snakemake.utils.validate
 # against the JSON schema (workflow/schemas/params.schema.yaml), then every run's RunConfig
 # and EvalConfig are built with loopscale.config. A problem stops Snakemake with one line
-# naming the key (loopscale.pipeline.load_and_validate).
-# Then every run's config.yaml (training) and eval.yaml (evaluation) are written with write-if-changed (unchanged runs keep
-# their files and mtimes). Those files are rule inputs, so a changed setting reruns
-# exactly the runs it changes, also in a fresh clone without .snakemake/ metadata.
-#
-# The files are written while the DAG is built, before Snakemake takes its own lock. So
-# that an invocation which does not get to run never rewrites the files a running one
-# uses, the writer first takes a per-experiment lock (.snakemake/loopscale-<exp>.lock,
-# held until this snakemake exits, released by the system even on kill -9); a second
-# snakemake on the same experiment stops here with one line, having written nothing.
-# Job processes that parse this file again (cluster jobs) write nothing. A dry run
-# (`snakemake -n`) writes them too, so that it plans from them, and puts back every file
-# and mtime it changed when it exits, also when interrupted (SIGINT, SIGTERM, SIGHUP): it
-# leaves no run directory or config behind (pipeline.dry_materialize).
+# naming the key (loopscale.pipeline.load_and_validate). Nothing is written here: each
+# settings file (a run's config.yaml, eval.yaml, stream.yaml; the data config) is the output
+# of a job of workflow/rules/settings.smk, which the jobs that read it depend on.
 import json
 import os
 import re
@@ -33,26 +22,28 @@ try:
         overrides={k: v for k, v in config.items() if k not in ("params", "settings")},
         settings_path=config.get("settings"),  # exp.yaml: what `dvc exp run -S` edits
     )
-    EXP = EXPERIMENTS[PARAMS["experiment"]]
-    if workflow.is_main_process:
-        if getattr(workflow.execution_settings, "lock", True):  # not with --nolock
-            EXPERIMENT_LOCK = P.lock_experiment(EXP.name)
-        _account = P.placeholder_account(getattr(workflow.resource_settings, "default_resources", None))
-        if _account:  # the SLURM profile as shipped: say so before anything is submitted
-            sys.stderr.write(f"loopscale pipeline: warning: {_account}\n")
-        if P.is_dry_run(sys.argv):  # plan from the new configs, then put every file back at exit
-            DRY_RUN_WRITES = P.dry_materialize(EXP)  # or on Ctrl-C / SIGTERM: no trace either way
-        else:
-            P.materialize(EXP)
-    # the code each stage runs (every module its entry module imports): an input of its jobs
-    SRC = os.path.relpath(os.path.join(workflow.basedir, "src"))
-    DATA_CODE, TRAIN_CODE, EVAL_CODE, REPORT_CODE = (P.stage_code(s, SRC) for s in ("data", "train", "eval", "report"))
-    if EXP.streamed:  # data.source=fineweb: the streaming trainer (loopscale train-stream)
-        TRAIN_CODE = P.module_files("loopscale.train_stream", SRC)
-    OURO_CODE = P.module_files("loopscale.ouro_tools", SRC)  # ouro-depth, ouro-downstream
-except (P.ParamsError, P.LockedError, ImportError) as e:
+except P.ParamsError as e:
     sys.stderr.write(f"loopscale pipeline: error: {e}\n")
     sys.exit(1)
+EXP = EXPERIMENTS[PARAMS["experiment"]]
+SETTINGS = P.settings_files(EXP)  # {path: text} of every settings file of the experiment
+SRC = os.path.relpath(os.path.join(workflow.basedir, "src"))
+# what the settings come from: the inputs of the settings jobs (workflow/rules/settings.smk)
+SETTINGS_SOURCES = [PARAMS_FILE, *([config["settings"]] if config.get("settings") else []),
+                    *(f for m in P.SETTINGS_CODE if os.path.isfile(f := os.path.join(SRC, "loopscale", f"{m}.py")))]
+if workflow.is_main_process:
+    try:
+        P.check_settings(SETTINGS, SETTINGS_SOURCES)
+    except P.ParamsError as e:
+        sys.stderr.write(f"loopscale pipeline: error: {e}\n")
+        sys.exit(1)
+    _account = P.placeholder_account(getattr(workflow.resource_settings, "default_resources", None))
+    if _account:  # the SLURM profile as shipped: say so before anything is submitted
+        sys.stderr.write(f"loopscale pipeline: warning: {_account}\n")
+
+# the code each stage runs (loopscale.pipeline.STAGE_ONLY): an input of its jobs
+DATA_CODE, EVAL_CODE, REPORT_CODE, OURO_CODE = (P.stage_code(s, SRC) for s in ("data", "eval", "report", "ouro"))
+TRAIN_CODE = P.stage_code("train_stream" if EXP.streamed else "train", SRC)  # data.source=fineweb: train-stream
 
 
 def alternatives(values):
@@ -71,6 +62,14 @@ def data_dir_of(wc, input):
 
 def run_dir_of(wc, input):
     return os.path.dirname(input.config)
+
+
+def settings_sources(wc):
+    """A settings job's inputs: what its file's settings come from, ancient while the file holds
+    them (an edit of params.yaml then reruns only the jobs whose settings it changed)."""
+    if P.settings_stale(wc.settings, SETTINGS[wc.settings]):
+        return SETTINGS_SOURCES
+    return [ancient(f) for f in SETTINGS_SOURCES]
 
 
 def run_files(name):

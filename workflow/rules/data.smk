@@ -1,5 +1,5 @@
 # Stage 1: corpus -> tokenizer + uint16 token files, once per experiment.
-# data/<exp>/config.yaml (the experiment's data settings) is written by common.smk.
+# data/<exp>/config.yaml (the experiment's data settings) is written by settings.smk.
 
 
 rule prepare_data:

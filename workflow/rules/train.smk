@@ -1,6 +1,6 @@
 # Stage 2: one training job per run (experiment x size x condition x seed).
 #
-# Input: RUN/config.yaml (the run's training config, written by common.smk), so a changed
+# Input: RUN/config.yaml (the run's training config, written by settings.smk), so a changed
 # setting retrains exactly the runs it changes; the evaluation settings live in
 # RUN/eval.yaml, an input of the evaluations only.
 #
