@@ -29,6 +29,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from loopscale.io import atomic_write_text  # main's package (the venv's), not the pinned commit's
+
 # what `loopscale report` reads from a run directory (checkpoints, weights and tokenizer excluded)
 RESULT_FILES = ("loopscale.json", "config.json", "config.yaml", "eval.yaml", "summary.json", "metrics.jsonl")
 REPO = Path(__file__).resolve().parent.parent
@@ -65,10 +67,7 @@ def planned_runs(study: str, worktree: Path) -> dict[str, list[str]]:
             return json.loads(cache.read_text())
         fail(f"`{' '.join(cmd)}` failed in {worktree}: {last}")
     runs = parse_summary(study, out.stdout)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    tmp = cache.with_name(cache.name + ".tmp")
-    tmp.write_text(json.dumps(runs, indent=1, sort_keys=True))
-    os.replace(tmp, cache)
+    atomic_write_text(cache, json.dumps(runs, indent=1, sort_keys=True))
     return runs
 
 
