@@ -3,7 +3,6 @@ command line and the pipeline check alike: exit code 2, one line naming the key,
 written. (`snakemake -n` and `dvc repro` build the runs through the same check:
 tests/test_pipeline.py::test_a_setting_out_of_range_stops_snakemake.)"""
 import dataclasses
-import typing
 from pathlib import Path
 
 import pytest
@@ -103,14 +102,12 @@ def test_the_pipeline_check_refuses_it(key, value, tmp_path, capsys, monkeypatch
 
 
 def test_every_numeric_setting_has_a_range():
-    sections = {f.name: f.type for f in dataclasses.fields(C.RunConfig)}
-    sections.setdefault("eval", C.EvalConfig)
-    for section, cls in sections.items():
-        cls = C.__dict__[cls] if isinstance(cls, str) else cls
-        hints = typing.get_type_hints(cls)
-        numeric = {f.name for f in dataclasses.fields(cls)
-                   if hints[f.name] in (int, float, typing.Optional[int], typing.Optional[float])}
-        assert numeric == set(C.RANGES[section]), section
+    """Each numeric field declares its Range on its annotation (config.rules reads them)."""
+    for cls in (C.ModelConfig, C.ObjectiveConfig, C.DataConfig, C.TrainConfig, C.EvalConfig):
+        rules = C.rules(cls)
+        assert set(rules) == {f.name for f in dataclasses.fields(cls)}
+        for name, rule in rules.items():
+            assert (rule.bound is not None) == (rule.type in (int, float)), f"{cls.__name__}.{name}"
 
 
 def test_good_values_at_the_edges_pass():

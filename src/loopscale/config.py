@@ -12,13 +12,14 @@ from __future__ import annotations
 import copy
 import dataclasses
 import difflib
+import functools
 import hashlib
 import json
 import math
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 import yaml
 
@@ -43,65 +44,150 @@ class ConfigError(ValueError):
     """A bad setting. The message is one line and names the offending key."""
 
 
+# ---------------------------------------------------------------------------
+# the values a setting may take, declared once on its field (typing.Annotated)
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric setting may take: finite, lo <= v <= hi (`<` where open)."""
+    lo: float = -math.inf
+    hi: float = math.inf
+    lo_open: bool = False
+    hi_open: bool = False
+
+    def __contains__(self, v) -> bool:
+        return (math.isfinite(v) and (self.lo < v if self.lo_open else self.lo <= v)
+                and (v < self.hi if self.hi_open else v <= self.hi))
+
+    def __str__(self) -> str:
+        lo = f"{'>' if self.lo_open else '>='} {_num(self.lo)}"
+        if self.hi == math.inf:
+            return lo
+        return f"in {'(' if self.lo_open else '['}{_num(self.lo)}, {_num(self.hi)}{')' if self.hi_open else ']'}"
+
+
+@dataclass(frozen=True)
+class Choices:
+    """The names a string setting may take: a tuple, or a function returning them (read when a
+    config is checked, so loopscale.registry stays their one source)."""
+    names: Any
+
+    def __call__(self) -> tuple:
+        return tuple(self.names() if callable(self.names) else self.names)
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+POSITIVE, NON_NEGATIVE, FRACTION, UNIT = Range(0, lo_open=True), Range(0), Range(0, 1, hi_open=True), Range(0, 1)
+SEED = Range(0, 2**63 - 1)  # torch and numpy seeds: non-negative, int64
+MAX_THREADS = 1024  # CPU threads any command may ask torch for (100,000 crashes torch's pool)
+THREADS = Range(0, MAX_THREADS)
+
+# The one table of size limits: every reader (a run directory, a Hugging Face Ouro checkpoint,
+# an official checkpoint), every config (the bounds of the fields below, so `--set` and the
+# pipeline too) and every command-line size argument is bounded by these, far beyond the
+# paper's largest model (Appendix B's Ouro-1.4B: d 2048, 24 layers, K = 4) and its grids, so a
+# hostile or mistyped value is one line before anything is allocated or run.
+LIMITS: dict[str, int] = {
+    "vocab_size": 2**24, "d_model": 2**16, "d_ff": 2**18, "seq_len": 2**20, "n_layers": 4096,
+    "n_heads": 2**16, "n_loops": 10_000,
+    "batch_size": 2**16,      # sequences per batch of any training or evaluation command
+    "eval_loops": 1024,       # the deepest evaluation: ouro-depth --max-k, eval.lemma_loops
+    "depth_factor": 64,       # eval.depth_factor: extrapolation to depth_factor x K
+    "grid_runs": 2000,        # the runs one experiment of exp.yaml / params.yaml may expand to
+}
+
+
+def bounded(name: str, lo: float = 0, lo_open: bool = True) -> Range:
+    """The Range of a size setting: (lo, LIMITS[name]]."""
+    return Range(lo, LIMITS[name], lo_open=lo_open)
+
+
+def check_arg(flag: str, value, allowed: Range, integer: bool = True) -> None:
+    """A command-line number against its Range (one ConfigError line naming the flag)."""
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value in allowed
+    if integer and ok:
+        ok = float(value).is_integer()
+    if not ok:
+        kind = "an integer" if integer else "a finite number"
+        raise ConfigError(f"{flag} must be {kind} {allowed}, got {value!r}")
+
+
+def _size(name: str, lo: float = 0, lo_open: bool = True):
+    return Annotated[int, bounded(name, lo, lo_open)]
+
+
+PosInt, NonNegInt, Seed = Annotated[int, POSITIVE], Annotated[int, NON_NEGATIVE], Annotated[int, SEED]
+PosFloat, NonNegFloat, Unit = Annotated[float, POSITIVE], Annotated[float, NON_NEGATIVE], Annotated[float, UNIT]
+Device = Annotated[str, Choices(DEVICES)]
+
+
+def _of_registry(name: str):
+    """A string setting whose names are loopscale.registry's table `name`."""
+    return Annotated[str, Choices(lambda: tuple(getattr(registry, name)))]
+
+
 @dataclass
 class ModelConfig:
-    vocab_size: int = 20000
-    d_model: int = 512
-    n_layers: int = 8
-    n_heads: int = 8
-    d_ff: int = 2048  # SwiGLU hidden width
-    seq_len: int = 256
-    n_loops: int = 4  # K: how often the shared stack is applied in training
-    dropout: float = 0.1
-    norm_eps: float = 1e-6
-    readout: str = "rmsnorm"  # loopscale.registry.READOUTS
-    recurrence: str = "residual"  # loopscale.registry.RECURRENCES
-    init: str = "pytorch"  # pytorch (paper: N(0,1) embeddings) | gpt2 (N(0, 0.02))
+    vocab_size: _size("vocab_size") = 20000
+    d_model: _size("d_model") = 512
+    n_layers: _size("n_layers") = 8
+    n_heads: _size("n_heads") = 8
+    d_ff: _size("d_ff") = 2048  # SwiGLU hidden width
+    seq_len: _size("seq_len") = 256
+    n_loops: _size("n_loops") = 4  # K: how often the shared stack is applied in training
+    dropout: Annotated[float, FRACTION] = 0.1
+    norm_eps: PosFloat = 1e-6
+    readout: _of_registry("READOUTS") = "rmsnorm"
+    recurrence: _of_registry("RECURRENCES") = "residual"
+    init: Annotated[str, Choices(INITS)] = "pytorch"  # pytorch (paper: N(0,1) embeddings) | gpt2 (N(0, 0.02))
     # the official release's model options (docs/diagnostics.md, "Model options of the official release")
-    alpha_init: float = 0.5  # readout=alpha_readout: the learned α's start (alpha_readout.init_alpha)
-    alpha_fixed: Optional[float] = None  # a constant α in [0, 1] instead of a learned one (fixed_alpha)
-    alpha_min: float = 0.0  # the learned α's range (alpha_readout.alpha_min / alpha_max)
-    alpha_max: float = 1.0
-    alpha_s_ref: str = "ema"  # ema | fixed | learned (alpha_readout.s_ref_mode)
-    alpha_ema_decay: float = 0.99  # of the EMA s_ref (alpha_readout.ema_decay)
-    alpha_log_s_ref: float = 0.0  # log s_ref's start (alpha_readout.init_log_s_ref)
+    alpha_init: Unit = 0.5  # readout=alpha_readout: the learned α's start (alpha_readout.init_alpha)
+    alpha_fixed: Optional[Unit] = None  # a constant α in [0, 1] instead of a learned one (fixed_alpha)
+    alpha_min: Unit = 0.0  # the learned α's range (alpha_readout.alpha_min / alpha_max)
+    alpha_max: Unit = 1.0
+    alpha_s_ref: Annotated[str, Choices(ALPHA_S_REFS)] = "ema"  # alpha_readout.s_ref_mode
+    alpha_ema_decay: Unit = 0.99  # of the EMA s_ref (alpha_readout.ema_decay)
+    alpha_log_s_ref: Annotated[float, Range()] = 0.0  # log s_ref's start (alpha_readout.init_log_s_ref)
     alpha_per_loop: bool = False  # one alpha readout per exit (alpha_readout.per_loop_alpha)
-    taper_ema_decay: float = 0.99  # readout=tapernorm: calibration EMA (taper_norm.ema_decay)
-    taper_warmup_frac: float = 0.05  # share of training at gate 1 (taper_norm.gate_warmup_frac)
-    taper_decay_frac: Optional[float] = None  # share of training the gate decays over (None: the rest)
+    taper_ema_decay: Unit = 0.99  # readout=tapernorm: calibration EMA (taper_norm.ema_decay)
+    taper_warmup_frac: Unit = 0.05  # share of training at gate 1 (taper_norm.gate_warmup_frac)
+    taper_decay_frac: Optional[Unit] = None  # share of training the gate decays over (None: the rest)
     exit_gate: bool = False  # a learned exit gate Linear(d, 1) on H_k (on whenever objective.loss reads it)
-    arch: str = "looped"  # loopscale.registry.ARCHS (loopscale.model.ARCHITECTURES): looped | ouro
-    n_kv_heads: int = 0  # key/value heads (grouped-query attention); 0 = n_heads
-    rope_theta: float = 1e6  # ouro: RoPE base
+    arch: _of_registry("ARCHS") = "looped"  # loopscale.model.ARCHITECTURES: looped | ouro
+    n_kv_heads: _size("n_heads", 0, False) = 0  # key/value heads (grouped-query attention); 0 = n_heads
+    rope_theta: PosFloat = 1e6  # ouro: RoPE base
 
 
 @dataclass
 class ObjectiveConfig:
-    loss: str = "per_loop"  # loopscale.registry.LOSSES
-    regularizer: str = "none"  # loopscale.registry.REGULARIZERS
-    penalty_weight: float = registry.PAPER_PENALTY_WEIGHT  # lambda of the norm penalty
-    ce_impl: str = "chunked"  # chunked (memory-lean, exact) | plain
-    ce_chunk_tokens: int = 4096  # tokens per chunk of the chunked cross-entropy
-    entropy_weight: float = 0.1  # loss=adaptive: weight of the exit distribution's entropy bonus
-    anchor_weight: float = 0.01  # regularizer=scale_anchor: its weight (official supervision.scale_anchor_weight)
-    anchor_target: float = 1.0  # the RMS of H the anchor pulls towards (supervision.scale_anchor_target)
+    loss: _of_registry("LOSSES") = "per_loop"
+    regularizer: _of_registry("REGULARIZERS") = "none"
+    penalty_weight: NonNegFloat = registry.PAPER_PENALTY_WEIGHT  # lambda of the norm penalty
+    ce_impl: Annotated[str, Choices(CE_IMPLS)] = "chunked"  # chunked (memory-lean, exact) | plain
+    ce_chunk_tokens: PosInt = 4096  # tokens per chunk of the chunked cross-entropy
+    entropy_weight: NonNegFloat = 0.1  # loss=adaptive: weight of the exit distribution's entropy bonus
+    anchor_weight: NonNegFloat = 0.01  # regularizer=scale_anchor: its weight (official supervision.scale_anchor_weight)
+    anchor_target: NonNegFloat = 1.0  # the RMS of H the anchor pulls towards (supervision.scale_anchor_target)
 
 
 @dataclass
 class DataConfig:
-    source: str = "builtin"  # builtin | wikitext-103 | wikitext-2 | text-files
+    source: Annotated[str, Choices(SOURCES)] = "builtin"
     train_file: Optional[str] = None  # for source=text-files
     validation_file: Optional[str] = None
     test_file: Optional[str] = None
-    tokenizer: str = "word"  # word (paper regex) | bpe (byte-level BPE)
-    vocab_size: int = 20000  # includes the special tokens
-    min_frequency: int = 2
-    fit_on: str = "train+validation"  # paper: train + validation
-    validation_fraction: float = 0.05  # builtin corpus: share of documents per split
-    test_fraction: float = 0.05
-    split_seed: int = 0
-    max_documents: int = 0  # >0: keep only the first N documents of each split (quick tests)
-    tokenization: str = "paper"  # paper (the official token stream, bit for bit) | joined
+    tokenizer: Annotated[str, Choices(TOKENIZERS)] = "word"  # word (paper regex) | bpe (byte-level BPE)
+    vocab_size: PosInt = 20000  # includes the special tokens
+    min_frequency: Annotated[int, Range(1)] = 2
+    fit_on: Annotated[str, Choices(FIT_ON)] = "train+validation"  # paper: train + validation
+    validation_fraction: Annotated[float, Range(0, 1, True, True)] = 0.05  # builtin corpus: share of documents per split
+    test_fraction: Annotated[float, FRACTION] = 0.05
+    split_seed: Seed = 0
+    max_documents: NonNegInt = 0  # >0: keep only the first N documents of each split (quick tests)
+    tokenization: Annotated[str, Choices(TOKENIZATIONS)] = "paper"  # paper (the official token stream) | joined
     hf_dataset: Optional[str] = None  # wikitext-* (or fineweb's eval_corpus): a local folder laid out like Salesforce/wikitext, or a hub id
     # source=fineweb (Appendix B's recipe): training streams the corpus (loopscale train-stream);
     # prepare-data writes the held-out documents (validation, test) and the eval corpus. The
@@ -110,34 +196,34 @@ class DataConfig:
     data_files: list = field(default_factory=list)  # local parquet files in FineWeb's schema instead of the hub
     stream_dataset: str = "HuggingFaceFW/fineweb"  # the hub dataset streamed when data_files is empty
     stream_subset: str = "sample-10BT"
-    heldout_documents: int = 0  # the stream's first N documents (file order): never trained on; validation, then test
-    min_chars: int = 50  # documents shorter once stripped are skipped (the official filter)
+    heldout_documents: NonNegInt = 0  # the stream's first N documents (file order): never trained on; validation, then test
+    min_chars: NonNegInt = 50  # documents shorter once stripped are skipped (the official filter)
     eval_corpus: Optional[str] = None  # also prepare wikitext-103 | wikitext-2 with the same tokenizer (DATA/<name>/)
 
 
 @dataclass
 class TrainConfig:
-    batch_size: int = 64  # the global batch (all ranks x grad_accum micro-batches)
-    grad_accum: int = 1  # micro-batches per step and rank: per-rank batch = batch_size / (ranks x grad_accum)
+    batch_size: _size("batch_size") = 64  # the global batch (all ranks x grad_accum micro-batches)
+    grad_accum: PosInt = 1  # micro-batches per step and rank: per-rank batch = batch_size / (ranks x grad_accum)
     fsdp: bool = False  # under torchrun: shard weights/grads/AdamW state over the ranks (FSDP2) instead of DDP
-    lr: float = 3e-4  # constant, no warm-up or decay (paper)
-    weight_decay: float = 0.01
+    lr: PosFloat = 3e-4  # constant, no warm-up or decay (paper)
+    weight_decay: NonNegFloat = 0.01
     betas: list = field(default_factory=lambda: [0.9, 0.999])
-    grad_clip: float = 1.0
-    epochs: float = 4.0
-    max_steps: Optional[int] = None  # overrides epochs when set
-    stride: int = 128  # training windows of seq_len+1 tokens every `stride` tokens
-    seed: int = 42
-    device: str = "auto"  # auto | cpu | cuda | mps
-    precision: str = "auto"  # auto (bf16 autocast on CUDA, fp32 elsewhere) | fp32 | bf16
+    grad_clip: PosFloat = 1.0
+    epochs: PosFloat = 4.0
+    max_steps: Optional[PosInt] = None  # overrides epochs when set
+    stride: PosInt = 128  # training windows of seq_len+1 tokens every `stride` tokens
+    seed: Seed = 42
+    device: Device = "auto"
+    precision: Annotated[str, Choices(PRECISIONS)] = "auto"  # auto (bf16 autocast on CUDA, fp32 elsewhere) | fp32 | bf16
     compile: bool = False
     activation_checkpointing: bool = False  # recompute each block in backward: less memory, same result
-    log_every: int = 50
-    ckpt_every: int = 500
-    eval_every: int = 0  # 0: validate only at the end
-    eval_tokens: int = 65536  # validation tokens for the in-training evaluation
-    eval_batch_size: int = 16  # windows per batch of the in-training evaluation
-    threads: int = 0  # torch CPU threads; 0 leaves torch's default
+    log_every: PosInt = 50
+    ckpt_every: PosInt = 500
+    eval_every: NonNegInt = 0  # 0: validate only at the end
+    eval_tokens: NonNegInt = 65536  # validation tokens for the in-training evaluation
+    eval_batch_size: _size("batch_size") = 16  # windows per batch of the in-training evaluation
+    threads: Annotated[int, THREADS] = 0  # torch CPU threads; 0 leaves torch's default
     tensorboard: bool = False  # also write RUN/tensorboard/ event files (needs the tensorboard extra)
     wandb: bool = False  # also log to Weights & Biases, files in RUN/wandb/ (needs the wandb extra; WANDB_MODE=offline)
 
@@ -145,30 +231,28 @@ class TrainConfig:
 @dataclass
 class EvalConfig:
     """How a trained run is evaluated (loopscale eval); never changes the weights."""
-    batch_size: int = 16
-    max_tokens: int = 0  # depth-eval tokens; 0 = the whole validation split
-    depth_factor: int = 3  # extrapolate to depth_factor * K
-    norm_tokens: int = 20480  # tokens for the per-token norm distribution
-    radial_tokens: int = 8192
-    lemma_loops: int = 30
-    lemma_tokens: int = 8192
-    clamp_tokens: int = 32768
-    halting_tokens: int = 65536
-    halting_epsilon: float = 0.01
-    scale_tokens: int = 32768  # tokens of the alpha scale-sensitivity sweep
-    throughput_batches: int = 10
-    throughput_warmup: int = 2
-    device: str = "auto"
+    batch_size: _size("batch_size") = 16
+    max_tokens: NonNegInt = 0  # depth-eval tokens; 0 = the whole validation split
+    depth_factor: _size("depth_factor", 1, False) = 3  # extrapolate to depth_factor * K
+    norm_tokens: PosInt = 20480  # tokens for the per-token norm distribution
+    radial_tokens: PosInt = 8192
+    lemma_loops: _size("eval_loops", 2, False) = 30
+    lemma_tokens: PosInt = 8192
+    clamp_tokens: PosInt = 32768
+    halting_tokens: PosInt = 65536
+    halting_epsilon: NonNegFloat = 0.01
+    scale_tokens: PosInt = 32768  # tokens of the alpha scale-sensitivity sweep
+    throughput_batches: PosInt = 10
+    throughput_warmup: NonNegInt = 2
+    device: Device = "auto"
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "eval") -> "EvalConfig":
-        """Built and validated; error messages name keys as `<where>.<key>`."""
-        cfg = _build(cls, d, where)
-        validate_eval(cfg, where)
-        return cfg
+        """Built and checked; error messages name keys as `<where>.<key>`."""
+        return from_mapping(cls, d, where)
 
 
 @dataclass
@@ -187,7 +271,7 @@ class RunConfig:
         if isinstance(d, dict) and "eval" in d and not where:
             raise ConfigError("unknown key 'eval': evaluation settings are not part of the run config; "
                               "give them to `loopscale eval` (--eval-config FILE, --set eval.KEY=VALUE)")
-        cfg = _build(cls, d, where)
+        cfg = from_mapping(cls, d, where)
         validate(cfg)
         return cfg
 
@@ -489,204 +573,95 @@ def load_eval_config(path: Optional[str] = None, overrides: Optional[list[str]] 
 
 
 # ---------------------------------------------------------------------------
-# typed construction and validation
+# typed construction and validation: one function for every config dataclass
 # ---------------------------------------------------------------------------
-def _build(cls, d: Any, where: str):
+@dataclass(frozen=True)
+class Rule:
+    """What a field's annotation allows: its type, None or not, a Range and Choices."""
+    type: Any
+    optional: bool = False
+    bound: Optional[Range] = None
+    choices: Optional[Choices] = None
+
+
+@functools.cache
+def rules(cls) -> dict[str, Rule]:
+    """{field name: Rule} of a config dataclass, read from its annotations."""
+    out = {}
+    for name, tp in typing.get_type_hints(cls, include_extras=True).items():
+        optional = typing.get_origin(tp) is typing.Union
+        if optional:
+            tp = next(a for a in typing.get_args(tp) if a is not type(None))
+        extras: tuple = ()
+        if typing.get_origin(tp) is Annotated:
+            tp, *extras = typing.get_args(tp)
+        out[name] = Rule(tp, optional, next((x for x in extras if isinstance(x, Range)), None),
+                         next((x for x in extras if isinstance(x, Choices)), None))
+    return out
+
+
+def from_mapping(cls, d: Any, where: str = ""):
+    """A config dataclass (nested sections included) from a mapping: unknown keys, types,
+    choices and ranges are checked, each as one ConfigError line naming `<where>.<key>`."""
     if not isinstance(d, dict):
         raise ConfigError(f"{where or 'config'} must be a mapping, got {type(d).__name__}")
-    hints = typing.get_type_hints(cls)
-    names = {f.name for f in dataclasses.fields(cls)}
+    known = rules(cls)
     for k in d:
-        if k not in names:
-            raise ConfigError(f"unknown key {_join(where, k)!r}{did_you_mean(k, names, where)}")
-    kwargs = {}
-    for f in dataclasses.fields(cls):
-        if f.name not in d:
-            continue
-        key = _join(where, f.name)
-        kwargs[f.name] = _coerce(hints[f.name], d[f.name], key)
-    return cls(**kwargs)
+        if k not in known:
+            raise ConfigError(f"unknown key {_join(where, k)!r}{did_you_mean(k, known, where)}")
+    return check(cls(**{k: d[k] for k in known if k in d}), where)
+
+
+def check(obj, where: str = ""):
+    """Check (and coerce in place) every field of a config dataclass against its Rule."""
+    for name, rule in rules(type(obj)).items():
+        setattr(obj, name, _value(rule, getattr(obj, name), _join(where, name)))
+    return obj
 
 
 def _join(where: str, k: str) -> str:
     return f"{where}.{k}" if where else k
 
 
-def _coerce(tp, v, key):
-    origin = typing.get_origin(tp)
+def _value(rule: Rule, v, key: str):
+    tp = rule.type
+    if v is None and rule.optional:
+        return None
     if dataclasses.is_dataclass(tp):
-        return _build(tp, v, key)
-    if origin is typing.Union:  # Optional[X]
-        args = [a for a in typing.get_args(tp) if a is not type(None)]
-        if v is None:
-            return None
-        return _coerce(args[0], v, key)
-    if tp is bool:
-        if isinstance(v, bool):
-            return v
+        return check(v, key) if isinstance(v, tp) else from_mapping(tp, v, key)
+    if tp is float and isinstance(v, str):
+        try:
+            v = float(v)  # YAML 1.1 reads 1e-3 as a string
+        except ValueError:
+            pass
+    number = isinstance(v, (int, float)) and not isinstance(v, bool)
+    if tp is bool and not isinstance(v, bool):
         raise ConfigError(f"{key} must be true or false, got {v!r}")
-    if tp is int:
-        if isinstance(v, bool) or not (isinstance(v, int) or (isinstance(v, float) and v.is_integer())):
-            raise ConfigError(f"{key} must be an integer, got {v!r}")
-        return int(v)
-    if tp is float:
-        if isinstance(v, str):
-            try:
-                v = float(v)
-            except ValueError:
-                pass
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ConfigError(f"{key} must be a number, got {v!r}")
-        return float(v)
-    if tp is str:
-        if not isinstance(v, str):
-            raise ConfigError(f"{key} must be a string, got {v!r}")
-        return v
-    if tp is list or origin is list:
-        if not isinstance(v, (list, tuple)):
-            raise ConfigError(f"{key} must be a list, got {v!r}")
-        return list(v)
+    if tp is int and not (number and float(v).is_integer()):
+        raise ConfigError(f"{key} must be an integer, got {v!r}")
+    if tp is float and not number:
+        raise ConfigError(f"{key} must be a number, got {v!r}")
+    if tp is str and not isinstance(v, str):
+        raise ConfigError(f"{key} must be a string, got {v!r}")
+    if tp is list and not isinstance(v, (list, tuple)):
+        raise ConfigError(f"{key} must be a list, got {v!r}")
+    v = tp(v) if tp in (int, float, list) else v
+    if rule.choices is not None and v not in rule.choices():
+        raise ConfigError(f"{key}: unknown value {v!r}; choose one of {', '.join(rule.choices())}")
+    if rule.bound is not None and v not in rule.bound:
+        raise ConfigError(f"{key} must be {'a finite number ' if tp is float else ''}{rule.bound}, got {v!r}")
     return v
 
 
-def _choices() -> dict:
-    """Allowed values per setting (read at validation time: the registry is the source)."""
-    return {
-        ("model", "readout"): tuple(registry.READOUTS),
-        ("model", "arch"): tuple(registry.ARCHS),
-        ("model", "recurrence"): tuple(registry.RECURRENCES),
-        ("model", "init"): INITS,
-        ("model", "alpha_s_ref"): ALPHA_S_REFS,
-        ("objective", "loss"): tuple(registry.LOSSES),
-        ("objective", "regularizer"): tuple(registry.REGULARIZERS),
-        ("objective", "ce_impl"): CE_IMPLS,
-        ("data", "source"): SOURCES,
-        ("data", "tokenizer"): TOKENIZERS,
-        ("data", "fit_on"): FIT_ON,
-        ("data", "tokenization"): TOKENIZATIONS,
-        ("train", "device"): DEVICES,
-        ("train", "precision"): PRECISIONS,
-    }
-
-
-@dataclass(frozen=True)
-class Range:
-    """The values a numeric setting may take: finite, lo <= v <= hi (`<` where open)."""
-    lo: float = -math.inf
-    hi: float = math.inf
-    lo_open: bool = False
-    hi_open: bool = False
-
-    def __contains__(self, v) -> bool:
-        return (math.isfinite(v) and (self.lo < v if self.lo_open else self.lo <= v)
-                and (v < self.hi if self.hi_open else v <= self.hi))
-
-    def __str__(self) -> str:
-        lo = f"{'>' if self.lo_open else '>='} {_num(self.lo)}"
-        if self.hi == math.inf:
-            return lo
-        return f"in {'(' if self.lo_open else '['}{_num(self.lo)}, {_num(self.hi)}{')' if self.hi_open else ']'}"
-
-
-def _num(x: float) -> str:
-    return str(int(x)) if float(x).is_integer() else f"{x:g}"
-
-
-POSITIVE, NON_NEGATIVE, FRACTION = Range(0, lo_open=True), Range(0), Range(0, 1, hi_open=True)
-SEED = Range(0, 2**63 - 1)  # torch and numpy seeds: non-negative, int64
-MAX_THREADS = 1024  # CPU threads any command may ask torch for (100,000 crashes torch's pool)
-THREADS = Range(0, MAX_THREADS)
-
-# The one table of size limits: every reader (a run directory, a Hugging Face Ouro checkpoint,
-# an official checkpoint), every config (RANGES below, so `--set` and the pipeline too) and
-# every command-line size argument is bounded by these, far beyond the paper's largest model
-# (Appendix B's Ouro-1.4B: d 2048, 24 layers, K = 4) and its grids, so a hostile or mistyped
-# value is one line before anything is allocated or run.
-LIMITS: dict[str, int] = {
-    "vocab_size": 2**24, "d_model": 2**16, "d_ff": 2**18, "seq_len": 2**20, "n_layers": 4096,
-    "n_heads": 2**16, "n_loops": 10_000,
-    "batch_size": 2**16,      # sequences per batch of any training or evaluation command
-    "eval_loops": 1024,       # the deepest evaluation: ouro-depth --max-k, eval.lemma_loops
-    "depth_factor": 64,       # eval.depth_factor: extrapolation to depth_factor x K
-    "grid_runs": 2000,        # the runs one experiment of exp.yaml / params.yaml may expand to
-}
-
-
-def bounded(name: str, lo: float = 0, lo_open: bool = True) -> Range:
-    """The Range of a size setting: (lo, LIMITS[name]]."""
-    return Range(lo, LIMITS[name], lo_open=lo_open)
-
-
-def check_arg(flag: str, value, allowed: Range, integer: bool = True) -> None:
-    """A command-line number against its Range (one ConfigError line naming the flag)."""
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value in allowed
-    if integer and ok:
-        ok = float(value).is_integer()
-    if not ok:
-        kind = "an integer" if integer else "a finite number"
-        raise ConfigError(f"{flag} must be {kind} {allowed}, got {value!r}")
 # train settings a finished run's results do not depend on: a finished run is reused when only
 # they change, and runs that differ only in them (and the seed) are seeds of one experiment
 RESULT_FREE = ("threads", "device", "compile", "activation_checkpointing", "ckpt_every", "tensorboard", "wandb")
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", "<unk>")  # token ids 0..3 of every tokenizer
 
-# The range of every numeric setting, checked by `validate` wherever a config is built (the
-# CLI, `snakemake -n`, `dvc repro`), so a bad value stops before the first job.
-RANGES: dict[str, dict[str, Range]] = {
-    "model": {"vocab_size": bounded("vocab_size"), "d_model": bounded("d_model"), "n_layers": bounded("n_layers"),
-              "n_heads": bounded("n_heads"), "d_ff": bounded("d_ff"), "seq_len": bounded("seq_len"),
-              "n_loops": bounded("n_loops"), "dropout": FRACTION,
-              "norm_eps": POSITIVE, "n_kv_heads": Range(0, LIMITS["n_heads"]), "rope_theta": POSITIVE, "alpha_init": Range(0, 1), "alpha_fixed": Range(0, 1), "alpha_min": Range(0, 1),
-              "alpha_max": Range(0, 1), "alpha_ema_decay": Range(0, 1), "alpha_log_s_ref": Range(),
-              "taper_ema_decay": Range(0, 1), "taper_warmup_frac": Range(0, 1), "taper_decay_frac": Range(0, 1)},
-    "objective": {"penalty_weight": NON_NEGATIVE, "ce_chunk_tokens": POSITIVE, "entropy_weight": NON_NEGATIVE,
-                  "anchor_weight": NON_NEGATIVE, "anchor_target": NON_NEGATIVE},
-    "data": {"vocab_size": POSITIVE, "min_frequency": Range(1), "validation_fraction": Range(0, 1, True, True),
-             "test_fraction": FRACTION, "split_seed": SEED, "max_documents": NON_NEGATIVE,
-             "heldout_documents": NON_NEGATIVE, "min_chars": NON_NEGATIVE},
-    "train": {"batch_size": bounded("batch_size"), "grad_accum": POSITIVE, "lr": POSITIVE, "weight_decay": NON_NEGATIVE,
-              "grad_clip": POSITIVE,
-              "epochs": POSITIVE, "max_steps": POSITIVE, "stride": POSITIVE, "seed": SEED, "log_every": POSITIVE,
-              "ckpt_every": POSITIVE, "eval_every": NON_NEGATIVE, "eval_tokens": NON_NEGATIVE,
-              "eval_batch_size": bounded("batch_size"), "threads": THREADS},
-    "eval": {"batch_size": bounded("batch_size"), "max_tokens": NON_NEGATIVE,
-             "depth_factor": bounded("depth_factor", 1, False), "norm_tokens": POSITIVE, "radial_tokens": POSITIVE,
-             "lemma_loops": bounded("eval_loops", 2, False),
-             "lemma_tokens": POSITIVE, "clamp_tokens": POSITIVE, "halting_tokens": POSITIVE,
-             "halting_epsilon": NON_NEGATIVE, "throughput_batches": POSITIVE,
-             "throughput_warmup": NON_NEGATIVE, "scale_tokens": POSITIVE},
-}
-
-
-def check_ranges(section: str, settings, where: Optional[str] = None) -> None:
-    """Raise ConfigError naming the first setting of `section` outside its `RANGES` entry
-    (as `<where>.<key>`; `where` defaults to the section)."""
-    for name, allowed in RANGES[section].items():
-        v = getattr(settings, name)
-        if v is not None and v not in allowed:
-            kind = "a finite number " if isinstance(v, float) else ""
-            raise ConfigError(f"{where or section}.{name} must be {kind}{allowed}, got {v!r}")
-
-
-def _check_choices(cfg, section: Optional[str] = None, where: Optional[str] = None) -> None:
-    for (sec, name), choices in {**_choices(), ("eval", "device"): DEVICES}.items():
-        if section not in (None, sec) or (section is None and not hasattr(cfg, sec)):
-            continue
-        v = getattr(cfg if section else getattr(cfg, sec), name)
-        if v not in choices:
-            raise ConfigError(f"{where or sec}.{name}: unknown value {v!r}; choose one of {', '.join(choices)}")
-
-
-def validate_eval(e: EvalConfig, where: str = "eval") -> None:
-    """Check the eval settings on their own (what the evaluation jobs read)."""
-    _check_choices(e, "eval", where)
-    check_ranges("eval", e, where)
-
 
 def validate_data(d: DataConfig) -> None:
     """Check the data settings on their own (what `loopscale prepare-data` reads)."""
-    _check_choices(d, "data")
-    check_ranges("data", d)
+    check(d, "data")
     _check_data(d)
 
 
@@ -749,10 +724,7 @@ def _check_fineweb(d: DataConfig) -> None:
 
 
 def validate(cfg: RunConfig) -> None:
-    """Every setting of a run: choices, ranges (`RANGES`) and the settings that constrain each other."""
-    _check_choices(cfg)
-    for f in dataclasses.fields(cfg):
-        check_ranges(f.name, getattr(cfg, f.name))
+    """The settings of a run that constrain each other (each field on its own: `from_mapping`)."""
     m, t, d = cfg.model, cfg.train, cfg.data
     if m.d_model % m.n_heads:
         raise ConfigError(f"model.d_model ({m.d_model}) must be divisible by model.n_heads ({m.n_heads})")
@@ -792,3 +764,4 @@ def _check_arch(cfg: RunConfig) -> None:
     if (m.d_model // m.n_heads) % 2:
         raise ConfigError(f"model.arch=ouro needs an even head size for RoPE, got d_model/n_heads = "
                           f"{m.d_model // m.n_heads}")
+

@@ -21,12 +21,11 @@ directory holding tokenizer.json, a tokenizer.json, or a hub name), `warmup_step
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator, Optional
 
-from .config import ConfigError, _build, merge
+from .config import ConfigError, NonNegFloat, NonNegInt, from_mapping, merge
 
 
 @dataclass
@@ -36,23 +35,18 @@ class StreamConfig:
     split: str = "train"
     data_files: list = field(default_factory=list)  # local parquet files (FineWeb's schema) instead of the hub
     text_key: str = "text"
-    shuffle_buffer: int = 10_000  # documents; 0: stream order
-    shuffle_seed: int = 42  # official: the run's seed
-    min_chars: int = 50  # documents whose stripped text is shorter are skipped
+    shuffle_buffer: NonNegInt = 10_000  # documents; 0: stream order
+    shuffle_seed: NonNegInt = 42  # official: the run's seed
+    min_chars: NonNegInt = 50  # documents whose stripped text is shorter are skipped
     tokenizer: str = "ByteDance/Ouro-1.4B"  # a dir with tokenizer.json, a tokenizer.json, or a hub name
-    warmup_steps: int = 333  # optimiser steps of linear warm-up from 0
-    min_lr: float = 3e-5  # the cosine's floor (train.lr is its peak)
+    warmup_steps: NonNegInt = 333  # optimiser steps of linear warm-up from 0
+    min_lr: NonNegFloat = 3e-5  # the cosine's floor (train.lr is its peak)
     pure_bf16: bool = False  # weights, gradients and AdamW state in bf16 (official), instead of fp32 master weights
-    heldout_documents: int = 0  # the first N documents of the unshuffled stream are never trained on (evaluation)
+    heldout_documents: NonNegInt = 0  # the first N documents of the unshuffled stream are never trained on (evaluation)
 
     @classmethod
     def from_dict(cls, d: dict) -> "StreamConfig":
-        s = _build(cls, d, "stream")
-        for name in ("shuffle_buffer", "min_chars", "warmup_steps", "shuffle_seed", "heldout_documents"):
-            if getattr(s, name) < 0:
-                raise ConfigError(f"stream.{name} must be >= 0, got {getattr(s, name)!r}")
-        if not (math.isfinite(s.min_lr) and s.min_lr >= 0):
-            raise ConfigError(f"stream.min_lr must be a finite number >= 0, got {s.min_lr!r}")
+        s = from_mapping(cls, d, "stream")
         if not all(isinstance(f, str) for f in s.data_files):
             raise ConfigError("stream.data_files must be a list of file paths")
         return s
