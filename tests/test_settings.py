@@ -141,3 +141,29 @@ def test_version_and_the_presets_in_train_help(capsys):
         cli.main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())  # argparse wraps lines
     assert C.MODEL_PRESETS and all(name in text.replace("- ", "-") for name in C.MODEL_PRESETS)
+
+
+def test_the_params_schema_of_the_settings_is_generated_from_the_dataclasses():
+    """The end of params.schema.yaml is config.settings_schema_yaml() (tools/settings_schema.py
+    rewrites it), and it refuses a setting's bad key, type, range or fixed choice by itself, in
+    the config's words after the params key of the setting's section."""
+    text = SCHEMA.read_text()
+    assert C.SCHEMA_MARKER in text and text.endswith(C.settings_schema_yaml()), \
+        "stale: run python tools/settings_schema.py"
+    schema = P.load_schema(SCHEMA)
+    for key, value, message in [("train.max_stepz", "5", "unknown key 'experiments.smoke.train.max_stepz'; "
+                                 "did you mean 'experiments.smoke.train.max_steps'?"),
+                                ("train.lr", "abc", None),
+                                ("train.lr", "0", "experiments.smoke.train: train.lr must be a finite number > 0, got 0"),
+                                ("train.threads", "true", "train: train.threads must be an integer, got True"),
+                                ("eval.device", "gpu", "eval: eval.device: unknown value 'gpu'; choose one of auto, cpu"),
+                                ("model.dropout", "1", "overrides.model: model.dropout must be a finite number in [0, 1)"),
+                                ("model.n_loopz", "1", "unknown key 'experiments.smoke.sizes.smoke.overrides.model."
+                                 "n_loopz'; did you mean 'experiments.smoke.sizes.smoke.overrides.model.n_loops'?")]:
+        params = _params_with(key, value)
+        if message is None:  # a string where a number goes: the schema lets it through, the config refuses it
+            P.check_schema(params, schema)
+            continue
+        with pytest.raises(P.ParamsError) as e:
+            P.check_schema(params, schema)
+        assert key in str(e.value) and message in str(e.value)

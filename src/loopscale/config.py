@@ -3,9 +3,15 @@
 A run is described by one `RunConfig` (model + objective + data + train): everything the
 trained weights depend on, plus the training loop's own settings. How a trained run is
 evaluated is a separate `EvalConfig` (RUN/eval.yaml in the pipeline), so an evaluation
-setting never touches training. Both round-trip through plain dicts (JSON/YAML); unknown
-keys, wrong types and unknown values raise `ConfigError` with a one-line message naming
-the key. The condition axes' values come from `loopscale.registry`.
+setting never touches training. Both round-trip through plain dicts (JSON/YAML).
+
+Each field declares its type and the values it may take once, on its annotation
+(`typing.Annotated` with a `Range` or `Choices`; the condition axes' names come from
+`loopscale.registry`). From those, `from_mapping` builds any config dataclass from a mapping
+(unknown keys, wrong types, unknown values and out-of-range numbers are one `ConfigError`
+line naming the key), and `settings_schemas` writes the JSON schema of the settings that
+params.yaml's schema uses (workflow/schemas/params.schema.yaml; tools/settings_schema.py).
+`validate` then checks the settings that constrain each other.
 """
 from __future__ import annotations
 
@@ -619,6 +625,23 @@ def check(obj, where: str = ""):
     return obj
 
 
+SECTIONS = {"model": ModelConfig, "objective": ObjectiveConfig, "data": DataConfig, "train": TrainConfig,
+            "eval": EvalConfig}
+
+
+def setting_error(section: str, name: str, value) -> Optional[str]:
+    """The ConfigError message `from_mapping` gives for `section.name` set to `value`; None
+    when the value is fine or `section.name` is no setting (params.yaml's schema errors say
+    what the config would say)."""
+    rule = rules(SECTIONS[section]).get(name) if section in SECTIONS else None
+    try:
+        if rule is not None:
+            _value(rule, value, f"{section}.{name}")
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
 def _join(where: str, k: str) -> str:
     return f"{where}.{k}" if where else k
 
@@ -765,3 +788,58 @@ def _check_arch(cfg: RunConfig) -> None:
         raise ConfigError(f"model.arch=ouro needs an even head size for RoPE, got d_model/n_heads = "
                           f"{m.d_model // m.n_heads}")
 
+
+# ---------------------------------------------------------------------------
+# the JSON schema of the settings, generated from the same annotations
+# ---------------------------------------------------------------------------
+_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "array"}
+
+
+def json_schema(cls) -> dict:
+    """The JSON schema (draft 2020-12) of a config dataclass as a mapping: its keys, types,
+    ranges and fixed choices. A name of loopscale.registry (a readout, a loss, ...) is a string
+    here, checked when the config is built, so a new readout never changes the schema; a
+    number may also be a string (YAML 1.1 reads 1e-3 as one), read as a number by `from_mapping`."""
+    props = {}
+    for name, rule in rules(cls).items():
+        if dataclasses.is_dataclass(rule.type):
+            props[name] = {"$ref": f"#/$defs/{rule.type.__name__}"}
+            continue
+        types = [_JSON_TYPES[rule.type]] + (["string"] if rule.type is float else [])
+        s: dict = {"type": types + ["null"] if rule.optional else (types if len(types) > 1 else types[0])}
+        if rule.choices is not None and not callable(rule.choices.names):
+            s["enum"] = list(rule.choices()) + ([None] if rule.optional else [])
+        b = rule.bound
+        if b is not None and b.lo > -math.inf:
+            s["exclusiveMinimum" if b.lo_open else "minimum"] = b.lo
+        if b is not None and b.hi < math.inf:
+            s["exclusiveMaximum" if b.hi_open else "maximum"] = b.hi
+        props[name] = s
+    return {"type": "object", "additionalProperties": False, "properties": props}
+
+
+def settings_schemas() -> dict:
+    """{name: schema} of every settings section, for params.yaml's schema: the run config
+    (RunConfig), its sections, the evaluation settings (EvalConfig) and RunOverrides, a run's
+    overrides as params.yaml gives them (RunConfig's sections and `eval`)."""
+    out = {cls.__name__: json_schema(cls) for cls in (RunConfig, ModelConfig, ObjectiveConfig, DataConfig,
+                                                       TrainConfig, EvalConfig)}
+    run = out["RunConfig"]
+    out["RunOverrides"] = {**run, "properties": {**run["properties"], "eval": {"$ref": "#/$defs/EvalConfig"}}}
+    return out
+
+
+SCHEMA_MARKER = "\n  # ---- generated from loopscale.config (tools/settings_schema.py); do not edit below ----\n"
+
+
+def settings_schema_yaml() -> str:
+    """`settings_schemas()` as the `$defs` entries that end workflow/schemas/params.schema.yaml
+    (the marker line first, one line per setting)."""
+    def flow(x) -> str:
+        return yaml.safe_dump(x, default_flow_style=True, sort_keys=False, width=math.inf).strip()
+
+    lines = [SCHEMA_MARKER.rstrip("\n")]
+    for name, s in settings_schemas().items():
+        lines += [f"  {name}:", f"    type: {s['type']}", "    additionalProperties: false", "    properties:"]
+        lines += [f"      {key}: {flow(p)}" for key, p in s["properties"].items()]
+    return "\n".join(lines) + "\n"

@@ -50,7 +50,8 @@ from typing import Any, Iterable, Optional
 import yaml
 
 from . import registry
-from .config import EVAL_PRESETS, LIMITS, MODEL_PRESETS, ConfigError, EvalConfig, RunConfig, merge, read_yaml
+from .config import (EVAL_PRESETS, LIMITS, MODEL_PRESETS, ConfigError, EvalConfig, RunConfig, did_you_mean, merge,
+                     read_yaml, setting_error)
 from .io import atomic_write_text
 from .registry import AXES, AXIS_DEFAULTS, Condition, axis_values
 
@@ -267,9 +268,12 @@ def _schema_error(err) -> str:
     while err.context:  # into if/then/else and anyOf branches, to the most specific error
         err = jsonschema.exceptions.best_match(err.context)
     path = list(err.absolute_path)
+    said = setting_error(str(path[-2]), str(path[-1]), err.instance) if len(path) > 1 else None
+    if said:  # a run setting: the config's own words, after the params key of its section
+        return f"{_key(path[:-1])}: {said}"
     if err.validator == "additionalProperties":
         extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
-        return f"unknown key {_key(path + extra[:1])!r}"
+        return f"unknown key {_key(path + extra[:1])!r}{did_you_mean(extra[0], err.schema.get('properties', {}), _key(path))}"
     if err.validator == "required":
         missing = [k for k in err.validator_value if k not in err.instance]
         return f"{_key(path + missing[:1])}: required key is missing"
