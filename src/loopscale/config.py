@@ -10,7 +10,7 @@ Each field declares its type and the values it may take once, on its annotation
 `loopscale.registry`). From those, `from_mapping` builds any config dataclass from a mapping
 (unknown keys, wrong types, unknown values and out-of-range numbers are one `ConfigError`
 line naming the key), and `settings_schemas` writes the JSON schema of the settings that
-params.yaml's schema uses (workflow/schemas/params.schema.yaml; tools/settings_schema.py).
+params.yaml's schema ends with (workflow/schemas/params.schema.yaml, tools/settings_schema.py).
 `validate` then checks the settings that constrain each other.
 """
 from __future__ import annotations
@@ -189,12 +189,13 @@ class DataConfig:
     vocab_size: PosInt = 20000  # includes the special tokens
     min_frequency: Annotated[int, Range(1)] = 2
     fit_on: Annotated[str, Choices(FIT_ON)] = "train+validation"  # paper: train + validation
-    validation_fraction: Annotated[float, Range(0, 1, True, True)] = 0.05  # builtin corpus: share of documents per split
+    validation_fraction: Annotated[float, Range(0, 1, True, True)] = 0.05  # builtin corpus: documents per split
     test_fraction: Annotated[float, FRACTION] = 0.05
     split_seed: Seed = 0
     max_documents: NonNegInt = 0  # >0: keep only the first N documents of each split (quick tests)
     tokenization: Annotated[str, Choices(TOKENIZATIONS)] = "paper"  # paper (the official token stream) | joined
-    hf_dataset: Optional[str] = None  # wikitext-* (or fineweb's eval_corpus): a local folder laid out like Salesforce/wikitext, or a hub id
+    # wikitext-* (or fineweb's eval_corpus): a local folder laid out like Salesforce/wikitext, or a hub id
+    hf_dataset: Optional[str] = None
     # source=fineweb (Appendix B's recipe): training streams the corpus (loopscale train-stream);
     # prepare-data writes the held-out documents (validation, test) and the eval corpus. The
     # pipeline leaves these keys out of the files it writes while they hold their defaults.
@@ -221,7 +222,7 @@ class TrainConfig:
     stride: PosInt = 128  # training windows of seq_len+1 tokens every `stride` tokens
     seed: Seed = 42
     device: Device = "auto"
-    precision: Annotated[str, Choices(PRECISIONS)] = "auto"  # auto (bf16 autocast on CUDA, fp32 elsewhere) | fp32 | bf16
+    precision: Annotated[str, Choices(PRECISIONS)] = "auto"  # auto (bf16 autocast on CUDA, else fp32) | fp32 | bf16
     compile: bool = False
     activation_checkpointing: bool = False  # recompute each block in backward: less memory, same result
     log_every: PosInt = 50
@@ -635,8 +636,7 @@ def setting_error(section: str, name: str, value) -> Optional[str]:
     what the config would say)."""
     rule = rules(SECTIONS[section]).get(name) if section in SECTIONS else None
     try:
-        if rule is not None:
-            _value(rule, value, f"{section}.{name}")
+        _value(rule, value, f"{section}.{name}") if rule else None
     except ConfigError as e:
         return str(e)
     return None
@@ -828,18 +828,3 @@ def settings_schemas() -> dict:
     out["RunOverrides"] = {**run, "properties": {**run["properties"], "eval": {"$ref": "#/$defs/EvalConfig"}}}
     return out
 
-
-SCHEMA_MARKER = "\n  # ---- generated from loopscale.config (tools/settings_schema.py); do not edit below ----\n"
-
-
-def settings_schema_yaml() -> str:
-    """`settings_schemas()` as the `$defs` entries that end workflow/schemas/params.schema.yaml
-    (the marker line first, one line per setting)."""
-    def flow(x) -> str:
-        return yaml.safe_dump(x, default_flow_style=True, sort_keys=False, width=math.inf).strip()
-
-    lines = [SCHEMA_MARKER.rstrip("\n")]
-    for name, s in settings_schemas().items():
-        lines += [f"  {name}:", f"    type: {s['type']}", "    additionalProperties: false", "    properties:"]
-        lines += [f"      {key}: {flow(p)}" for key, p in s["properties"].items()]
-    return "\n".join(lines) + "\n"

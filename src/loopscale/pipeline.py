@@ -273,7 +273,8 @@ def _schema_error(err) -> str:
         return f"{_key(path[:-1])}: {said}"
     if err.validator == "additionalProperties":
         extra = sorted(set(err.instance) - set(err.schema.get("properties", {})))
-        return f"unknown key {_key(path + extra[:1])!r}{did_you_mean(extra[0], err.schema.get('properties', {}), _key(path))}"
+        hint = did_you_mean(extra[0], err.schema.get("properties", {}), _key(path))
+        return f"unknown key {_key(path + extra[:1])!r}{hint}"
     if err.validator == "required":
         missing = [k for k in err.validator_value if k not in err.instance]
         return f"{_key(path + missing[:1])}: required key is missing"
