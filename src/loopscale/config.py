@@ -205,7 +205,8 @@ class DataConfig:
     stream_subset: str = "sample-10BT"
     heldout_documents: NonNegInt = 0  # the stream's first N documents (file order): never trained on; validation, then test
     min_chars: NonNegInt = 50  # documents shorter once stripped are skipped (the official filter)
-    eval_corpus: Optional[str] = None  # also prepare wikitext-103 | wikitext-2 with the same tokenizer (DATA/<name>/)
+    # also prepare wikitext-103 | wikitext-2 with the same tokenizer (DATA/<name>/)
+    eval_corpus: Optional[Annotated[str, Choices(EVAL_CORPORA)]] = None
 
 
 @dataclass
@@ -738,9 +739,6 @@ def _check_fineweb(d: DataConfig) -> None:
     if d.heldout_documents < 2:
         raise ConfigError(f"data.heldout_documents must be >= 2 with data.source=fineweb (held-out validation "
                           f"and test documents, never trained on), got {d.heldout_documents}")
-    if d.eval_corpus is not None and d.eval_corpus not in EVAL_CORPORA:
-        raise ConfigError(f"data.eval_corpus: unknown value {d.eval_corpus!r}; choose one of "
-                          f"{', '.join(EVAL_CORPORA)} (or leave it out)")
     if d.hf_dataset is not None and (d.eval_corpus is None or not str(d.hf_dataset).strip()):
         raise ConfigError(f"data.hf_dataset ({d.hf_dataset!r}) with data.source=fineweb is the folder of "
                           "data.eval_corpus: set data.eval_corpus too")
