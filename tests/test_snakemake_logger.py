@@ -115,12 +115,43 @@ def test_a_failed_job_is_one_line_naming_its_log_then_the_log(tmp_path):
     assert out(h)[-1] == f"0/2 jobs done, 1 FAILED: train {LABEL}"
 
 
+def job_error(jobid, rule="train", log=(), **kw):
+    fields = dict(rule_name=rule, rule_msg=None, jobid=jobid, input=[], output=[], log=list(log), conda_env=None,
+                  container_img=None, aux={}, indent=False, shellcmd="loopscale train")
+    return record(f"Error in rule {rule}, jobid: {jobid}", logging.ERROR, event=LogEvent.JOB_ERROR, **{**fields, **kw})
+
+
+def test_a_job_that_succeeds_on_a_retry_is_not_counted_failed():
+    """The SLURM profile's `retries`: a job killed by its time limit fails, is resubmitted, resumes."""
+    h = handler()
+    for r in (stats(train=1), job_info(1), job_error(1, log=["logs/train.log"]), job_info(1, created=200.0),
+              finished(1, 260.0), progress(1, 1)):
+        h.handle(r)
+    h.close()
+    assert out(h)[-2:] == [f"[1/1] done  train {LABEL}  (60.0s)", "1/1 jobs done"]
+
+
+def test_a_record_not_shaped_as_expected_is_shown_as_snakemake_shows_it():
+    h = handler()
+    h.handle(record("Finished jobid: 3 (Rule: x)", event=LogEvent.JOB_FINISHED))  # no job_id
+    assert out(h)[-1] == "Finished jobid: 3 (Rule: x)" and h.done == 0
+
+
 def test_a_failed_job_without_a_log_names_its_command():
     h = handler()
     h.handle(record("Error in rule x, jobid: 3", logging.ERROR, event=LogEvent.JOB_ERROR, rule_name="x",
                     rule_msg="out of memory", jobid=3, input=[], output=[], log=[], conda_env=None,
                     container_img=None, aux={"external_jobid": "123"}, indent=False, shellcmd="sleep 1"))
     assert out(h) == ["[0/?] FAILED x  command: sleep 1", "    message: out of memory", "    external_jobid: 123"]
+
+
+def test_a_failed_group_job_is_shown_with_its_jobs_logs():
+    h = handler()
+    h.handle(record("Error in group g", logging.ERROR, event=LogEvent.GROUP_ERROR, groupid="g",
+                    aux_logs=[], job_error_info=[{"rule_name": "eval", "jobid": 4, "output": ["o"],
+                                                 "log": ["logs/eval.log"]}]))
+    text = h.default.stream.getvalue()
+    assert "rule eval:" in text and "logs/eval.log" in text
 
 
 def default_output(records, **kw) -> str:

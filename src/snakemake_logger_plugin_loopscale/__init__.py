@@ -68,6 +68,12 @@ class LogHandler(LogHandlerBase):
         return f"[{n:>{len(str(self.total))}}/{self.total or '?'}]"
 
     def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.rewrite(record)
+        except Exception:  # a record not shaped as expected: shown as Snakemake would show it
+            self.default.handle(record)
+
+    def rewrite(self, record: logging.LogRecord) -> None:
         event = getattr(record, "event", None)
         if not self.compact:
             return self.default.handle(record)
@@ -84,14 +90,18 @@ class LogHandler(LogHandlerBase):
                 return self.line(record, f"{self.counter(self.planned)} plan  {what}")
             return self.line(record, f"{self.counter(self.done)} start {what}")
         if event == LogEvent.JOB_FINISHED:
-            self.done += 1
             what, start = self.jobs.get(record.job_id, (f"job {record.job_id}", record.created))
+            self.done += 1
+            if what in self.failed:  # it failed before and a retry (--retries) succeeded
+                self.failed.remove(what)
             return self.line(record, f"{self.counter(self.done)} done  {what}  ({record.created - start:.1f}s)")
         if event == LogEvent.PROGRESS:  # its total counts the whole DAG, the stats table's what runs
             self.done, self.total = record.done, max(self.total or record.total, record.done)
             return None
         if event == LogEvent.JOB_ERROR:
             return self.job_error(record)
+        if event == LogEvent.GROUP_ERROR:  # Snakemake's own filter would drop it under --quiet rules
+            return self.line(record, self.default.format(record))
         if event in (LogEvent.JOB_STARTED, LogEvent.SHELLCMD) or (event is None and record.msg in SCHEDULER_NOISE):
             return None
         return self.default.handle(record)
