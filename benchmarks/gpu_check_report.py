@@ -31,7 +31,7 @@ def _load(d: Path, name: str) -> dict:
 
 
 def norm_at(log: list[dict], step: int) -> float | None:
-    """‖H_K‖ of the training log at exactly `step` (logged every `log_every` steps)."""
+    """‖H_K‖ of the training log at exactly `step` (logged every `log_every` steps, and at the last)."""
     for row in log:
         if row["step"] == step:
             return row["norm"][-1]
@@ -46,7 +46,7 @@ def drift_band_rows(prereg: dict, drift: dict) -> list[dict]:
     for p in sorted(prereg.get("drift_predictions", []), key=lambda p: p["step"]):
         if p["step"] > reached:
             continue
-        measured = norm_at(rms.get("log", []), p["step"])
+        measured = norm_at(rms.get("log", []) + [rms.get("final_train", {"step": -1})], p["step"])
         if measured is None:
             continue
         rows.append({"step": p["step"], "point": p["point"], "lo": p["lo"], "hi": p["hi"], "measured": measured,
@@ -56,23 +56,61 @@ def drift_band_rows(prereg: dict, drift: dict) -> list[dict]:
     return rows
 
 
-def qualitative(drift: dict) -> list[dict]:
-    """The pre-registered qualitative rules (preregistration.yaml `qualitative`), evaluated."""
+def _final(r: dict, name: str, key: str) -> list[float]:
+    return r[name]["final_validation"][key]
+
+
+def _gain(ppl: list[float]) -> float:
+    """Depth gain G = (PPL_1 - PPL_K) / PPL_1 (the claims' (e2) measure)."""
+    return (ppl[0] - ppl[-1]) / ppl[0]
+
+
+def _rule_a(r):
+    rms, raw = _final(r, "rmsnorm", "norm")[-1], _final(r, "raw", "norm")[-1]
+    return f"{rms:,.1f} / {raw:,.1f} = {rms / raw:,.1f}", rms / raw >= 10
+
+
+def _rule_b(r):
+    raw, d = _final(r, "raw", "norm")[-1], r["raw"]["config"]["d_model"]
+    return f"{raw:,.1f} / √{d} = {raw / math.sqrt(d):.2f}", raw / math.sqrt(d) <= 10
+
+
+def _rule_d(r):
+    fr_rms = [x["radial_fraction"] for x in r["rmsnorm"]["radial"]]
+    fr_raw = [x["radial_fraction"] for x in r["raw"]["radial"]]
+    return (f"rmsnorm max {max(fr_rms):.1e}, raw min {min(fr_raw):.1e}",
+            max(fr_rms) <= 1e-6 and min(fr_raw) >= 1e-4)
+
+
+def _rule_e2(r):
+    g_rms, g_raw = _gain(_final(r, "rmsnorm", "ppl")), _gain(_final(r, "raw", "ppl"))
+    return (f"G raw {100 * g_raw:+.1f}%, G rmsnorm {100 * g_rms:+.1f}%",
+            g_raw >= max(2 * g_rms, 0.01))
+
+
+def _rule_f(r):
+    rms, raw = _final(r, "rmsnorm", "ppl"), _final(r, "raw", "ppl")
+    return (" / ".join(f"{a:.1f} < {b:.1f}" for a, b in zip(raw, rms)),
+            all(a < b for a, b in zip(raw, rms)))
+
+
+# the qualitative rules a pre-registration may name, each evaluated on drift.json's readouts
+RULES = {"a-gpu": _rule_a, "b-gpu": _rule_b, "d-gpu": _rule_d, "e2-gpu": _rule_e2, "f-gpu": _rule_f}
+
+
+def qualitative(drift: dict, ids: list[str] | None = None) -> list[dict]:
+    """The pre-registered qualitative rules (preregistration.yaml `qualitative`), evaluated;
+    a rule whose readouts did not finish is left out."""
     r = drift.get("readouts", {})
     out = []
-    try:
-        rms, raw = r["rmsnorm"]["final_validation"]["norm"][-1], r["raw"]["final_validation"]["norm"][-1]
-    except KeyError:
-        return out
-    d = r["raw"]["config"]["d_model"]
-    out.append({"id": "a-gpu", "measured": f"{rms:,.1f} / {raw:,.1f} = {rms / raw:,.1f}", "holds": rms / raw >= 10})
-    out.append({"id": "b-gpu", "measured": f"{raw:,.1f} / √{d} = {raw / math.sqrt(d):.2f}",
-                "holds": raw / math.sqrt(d) <= 10})
-    fr_rms = [x["radial_fraction"] for x in r["rmsnorm"].get("radial", [])]
-    fr_raw = [x["radial_fraction"] for x in r["raw"].get("radial", [])]
-    if fr_rms and fr_raw:
-        out.append({"id": "d-gpu", "measured": f"rmsnorm max {max(fr_rms):.1e}, raw min {min(fr_raw):.1e}",
-                    "holds": max(fr_rms) <= 1e-6 and min(fr_raw) >= 1e-4})
+    for rid in ids if ids is not None else ["a-gpu", "b-gpu", "d-gpu"]:
+        if rid not in RULES:
+            raise ValueError(f"pre-registered rule {rid!r} is not one of {', '.join(RULES)}")
+        try:
+            measured, holds = RULES[rid](r)
+        except (KeyError, ValueError, IndexError):
+            continue
+        out.append({"id": rid, "measured": measured, "holds": holds})
     return out
 
 
@@ -173,7 +211,7 @@ def _drift_section(drift: dict, prereg: dict) -> list[str]:
         L.append("| – | | | the run reached no pre-registered step | | |")
     rules = {q["id"]: q for q in prereg.get("qualitative", [])}
     L += ["", "| rule | pre-registered | prediction | measured | verdict |", "|---|---|---|---|---|"]
-    for q in qualitative(drift):
+    for q in qualitative(drift, list(rules)):
         reg = rules.get(q["id"], {})
         L.append(f"| {q['id']} | {reg.get('rule', '?')} | {reg.get('prediction', '?')} | {q['measured']} | "
                  f"{'reproduced' if q['holds'] else 'not reproduced'} |")

@@ -49,8 +49,8 @@ def test_preregistration_precedes_the_results(d):
 @pytest.mark.parametrize("d", RECORDED, ids=lambda d: d.name)
 def test_every_qualitative_rule_is_evaluated_and_can_fail(d):
     drift = json.loads((d / "drift.json").read_text())
-    registered = {q["id"] for q in prereg(d)["qualitative"]}
-    assert {q["id"] for q in report.qualitative(drift)} == registered
+    registered = [q["id"] for q in prereg(d)["qualitative"]]
+    assert [q["id"] for q in report.qualitative(drift, registered)] == registered
     # the drifting model's scale made as small as the raw one's: a-gpu fails; the raw one's
     # radial fraction made invisible: d-gpu fails; its norm made large: b-gpu fails
     bad = copy.deepcopy(drift)
@@ -59,7 +59,15 @@ def test_every_qualitative_rule_is_evaluated_and_can_fail(d):
     for x in r["raw"]["radial"]:
         x["radial_fraction"] = 0.0
     r["raw"]["final_validation"]["norm"][-1] = 100.0 * r["raw"]["config"]["d_model"]
-    assert not any(q["holds"] for q in report.qualitative(bad))
+    assert not any(q["holds"] for q in report.qualitative(bad, ["a-gpu", "b-gpu", "d-gpu"]))
+    # the raw model no better than the drifting one at any exit, nor gaining from depth: e2, f fail
+    r["raw"]["final_validation"]["ppl"] = list(r["rmsnorm"]["final_validation"]["ppl"])
+    assert not any(q["holds"] for q in report.qualitative(bad, ["e2-gpu", "f-gpu"]))
+
+
+def test_an_unknown_preregistered_rule_is_an_error():
+    with pytest.raises(ValueError, match="not one of"):
+        report.qualitative({"readouts": {}}, ["z-gpu"])
 
 
 @pytest.mark.parametrize("d", RECORDED, ids=lambda d: d.name)
@@ -70,13 +78,14 @@ def test_drift_band_rows_read_the_log_and_mark_the_largest_step_reached(d):
     expected = [p["step"] for p in reg["drift_predictions"] if p["step"] <= reached]
     assert [r["step"] for r in rows] == sorted(expected)
     assert [r.get("headline", False) for r in rows] == [False] * (len(rows) - 1) + [True]
-    log = {row["step"]: row["norm"][-1] for row in drift["readouts"]["rmsnorm"]["log"]}
+    rms = drift["readouts"]["rmsnorm"]
+    log = {row["step"]: row["norm"][-1] for row in rms["log"] + [rms.get("final_train", {"step": -1, "norm": [0]})]}
     for r in rows:
         assert r["measured"] == log[r["step"]]
         assert r["inside"] == (r["lo"] <= r["measured"] <= r["hi"])
     # a run whose norm stayed small lands below every band
     small = copy.deepcopy(drift)
-    for row in small["readouts"]["rmsnorm"]["log"]:
+    for row in small["readouts"]["rmsnorm"]["log"] + [small["readouts"]["rmsnorm"].get("final_train", {"norm": [0]})]:
         row["norm"][-1] = 1.0
     assert rows and not any(r["inside"] for r in report.drift_band_rows(reg, small))
 
