@@ -90,7 +90,7 @@ def test_snakemake_finds_the_plugin_by_its_module_name():
 def test_a_job_is_a_start_line_and_a_done_line_with_its_run_and_time():
     h = handler()
     for r in (stats(train=2, all=1), job_info(1, created=100.0),
-              record(f"Execute 1 jobs...", event=LogEvent.JOB_STARTED, jobs=[1]),
+              record("Execute 1 jobs...", event=LogEvent.JOB_STARTED, jobs=[1]),
               record("Select jobs to execute..."), record(None, event=LogEvent.SHELLCMD, cmd="loopscale train"),
               finished(1, 112.34), progress(1, 3)):
         h.handle(r)
