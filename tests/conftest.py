@@ -85,6 +85,20 @@ def smoke_local(tmp_path_factory):
     return smoke_run_once(tmp_path_factory)
 
 
+@pytest.fixture(scope="session")
+def smoke_run(smoke_data, tmp_path_factory) -> Path:
+    """A finished 20-step smoke run (readout final_norm, vocabulary 512, CPU), trained once per
+    session and shared by the artifact, corruption, harness and Hugging Face attack tests: they read it,
+    never change it; a file that changes its run works on a copy (shutil.copytree into tmp)."""
+    from loopscale.config import preset
+    from loopscale.train import train
+    out = tmp_path_factory.mktemp("smoke-run") / "run"
+    cfg = preset("smoke", {"model": {"readout": "final_norm", "vocab_size": 512}, "data": {"vocab_size": 512},
+                           "train": {"max_steps": 20, "device": "cpu"}})
+    train(cfg, smoke_data, out, progress=False)
+    return out
+
+
 @pytest.fixture
 def grid(tmp_path) -> Path:
     """A synthetic grid of run directories (tests/report_support.py: make_grid)."""

@@ -2,6 +2,7 @@
 import json
 import os
 import pickle
+import shutil
 import subprocess
 import sys
 
@@ -14,20 +15,15 @@ import loopscale
 from loopscale import cli
 from loopscale.artifacts import load
 from loopscale.cli import main
-from loopscale.config import preset
 from loopscale.io import CheckpointError, load_checkpoint
-from loopscale.train import train
 
 ARTIFACT_FILES = ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 @pytest.fixture(scope="module")
-def run(smoke_data, tmp_path_factory):
-    out = tmp_path_factory.mktemp("artifact-run") / "run"
-    cfg = preset("smoke", {"model": {"readout": "final_norm", "vocab_size": 512}, "data": {"vocab_size": 512},
-                           "train": {"max_steps": 6, "device": "cpu"}})
-    train(cfg, smoke_data, out, progress=False)
-    return out
+def run(smoke_run, tmp_path_factory):
+    """The session's smoke run (conftest.py), copied: test_export_* delete and rewrite its files."""
+    return shutil.copytree(smoke_run, tmp_path_factory.mktemp("artifact-run") / "run")
 
 
 def test_training_writes_the_artifact_and_load_gives_the_same_logits(run):
