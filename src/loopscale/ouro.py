@@ -40,7 +40,6 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -49,13 +48,6 @@ from .config import LIMITS, ConfigError, RunConfig, preset_dict
 from .io import CheckpointError
 from .model import LoopedLM
 from .runfiles import FLOAT_DTYPES, INT_DTYPES, read_json, read_safetensors_header
-
-
-def exit_loss(ce: torch.Tensor, pdf: torch.Tensor, beta: float) -> torch.Tensor:
-    """Ouro's entropy-regularised expected loss over exit steps: mean over tokens of
-    Σ_k p_k·CE_k − β·H(p), H(p) = −Σ_k p_k log p_k. `ce` and `pdf` are [..., K]."""
-    ent = -(pdf * pdf.clamp_min(1e-12).log()).sum(-1)
-    return ((pdf * ce).sum(-1) - beta * ent).mean()
 
 
 # ---------------------------------------------------------------------------
@@ -258,8 +250,8 @@ def _official_name(k: str) -> str:
     return k
 
 
-def from_pretrained(path: str | Path, *, seq_len: int = 2048, n_loops: Optional[int] = None,
-                    dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> tuple[LoopedLM, RunConfig]:
+def from_pretrained(path: str | Path, *, seq_len: int = 2048,
+                    device: str | torch.device = "cpu") -> tuple[LoopedLM, RunConfig]:
     """(model in eval mode, its RunConfig) of a Hugging Face Ouro checkpoint directory
     (ByteDance/Ouro-1.4B, Ouro-2.6B once downloaded), loaded by the published parameter names."""
     run = Path(path)
@@ -272,10 +264,6 @@ def from_pretrained(path: str | Path, *, seq_len: int = 2048, n_loops: Optional[
         raise CheckpointError(f"{run / 'config.json'}: model_type is {hf.get('model_type') if isinstance(hf, dict) else None!r}, "
                               f"not 'ouro'")
     cfg = config_from_hf(hf, seq_len=seq_len)
-    if n_loops is not None:
-        if isinstance(n_loops, bool) or not isinstance(n_loops, int) or not 1 <= n_loops <= LIMITS["n_loops"]:
-            raise CheckpointError(f"n_loops must be an integer in [1, {LIMITS['n_loops']}], got {n_loops!r}")
-        cfg.model.n_loops = int(n_loops)
     tied = bool(hf.get("tie_word_embeddings", False))
     with torch.device("meta"):
         model = LoopedLM(cfg.model)
@@ -296,7 +284,7 @@ def from_pretrained(path: str | Path, *, seq_len: int = 2048, n_loops: Optional[
         raise CheckpointError(f"{run} {what} ({len(missing)} missing, {len(extra)} unexpected tensors)")
     model = model.to_empty(device="cpu")
     load_state(model, read_hf_state(run), str(run), tied=tied)
-    return model.to(device=device, dtype=dtype).eval(), cfg
+    return model.to(device).eval(), cfg
 
 
 def save_pretrained(model: LoopedLM, path: str | Path, shard_tensors: int = 0) -> Path:
