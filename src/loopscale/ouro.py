@@ -214,15 +214,20 @@ def load_state(model: LoopedLM, state: dict[str, torch.Tensor], where: str, tied
     for k in own:  # the official AlphaReadout keeps no EMA counter (loopscale's, unused with a learned s_ref)
         if k.endswith(".ema_count") and k not in state:
             state[k] = own[k]
-    missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-    if missing or extra:
-        what = f"misses {missing[0]}" if missing else f"has {extra[0]}, unknown to model.readout={model.cfg.readout}"
-        raise CheckpointError(f"{where} {what} ({len(missing)} missing, {len(extra)} unexpected tensors)")
+    _check_names(own, state, where, model.cfg.readout)
     for k, v in state.items():
         check_tensor(k, tuple(v.shape), v.dtype, own[k], where)
         if v.is_floating_point() and not bool(torch.isfinite(v).all()):
             raise CheckpointError(f"{where}: {k} holds non-finite values (NaN or inf): corrupted weights")
     model.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
+
+
+def _check_names(own: dict, state: dict, where: str, readout: str) -> None:
+    """A tensor the model has and `state` lacks, or the other way round: one CheckpointError line."""
+    missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    if missing or extra:
+        what = f"misses {missing[0]}" if missing else f"has {extra[0]}, unknown to model.readout={readout}"
+        raise CheckpointError(f"{where} {what} ({len(missing)} missing, {len(extra)} unexpected tensors)")
 
 
 def check_tensor(k: str, shape: tuple, dtype: torch.dtype, own: torch.Tensor, where: str) -> None:
@@ -277,11 +282,7 @@ def from_pretrained(path: str | Path, *, seq_len: int = 2048,
     for k, (shape, dtype) in meta_state.items():
         if k in own:
             check_tensor(k, shape, dtype, own[k], str(run))
-    missing, extra = sorted(set(own) - set(meta_state)), sorted(set(meta_state) - set(own))
-    missing = [k for k in missing if not k.endswith(".ema_count")]
-    if missing or extra:
-        what = f"misses {missing[0]}" if missing else f"has {extra[0]}, unknown to model.readout={cfg.model.readout}"
-        raise CheckpointError(f"{run} {what} ({len(missing)} missing, {len(extra)} unexpected tensors)")
+    _check_names(own, {**{k: None for k in own if k.endswith(".ema_count")}, **meta_state}, str(run), cfg.model.readout)
     model = model.to_empty(device="cpu")
     load_state(model, read_hf_state(run), str(run), tied=tied)
     return model.to(device).eval(), cfg
