@@ -325,22 +325,28 @@ def save_pretrained(model: LoopedLM, path: str | Path, shard_tensors: int = 0) -
 # ---------------------------------------------------------------------------
 # evaluations of the Ouro track
 # ---------------------------------------------------------------------------
+def _ce_sums(model, windows: torch.Tensor, batch_size: int, readouts) -> tuple[torch.Tensor, int]:
+    """The summed next-token CE (float64) of each logits tensor `readouts(x)` yields, over
+    `windows` [N, T+1] in batches, and the number of tokens scored."""
+    sums, n = None, 0
+    for s in range(0, len(windows), batch_size):
+        b = windows[s:s + batch_size].to(model.head_weight.device)
+        x, y = b[:, :-1], b[:, 1:]
+        ce = [F.cross_entropy(z.float().reshape(-1, z.shape[-1]), y.reshape(-1), reduction="sum").double().cpu()
+              for z in readouts(x)]
+        sums = torch.stack(ce) if sums is None else sums + torch.stack(ce)
+        n += y.numel()
+    return sums, n
+
+
 @torch.inference_mode()
 def variable_depth(model, windows: torch.Tensor, depths, batch_size: int = 2) -> list[dict]:
     """CE/PPL of next-token prediction at each depth K' (official `src/eval/ouro_variable_depth.py`),
     K' steps read with the *final* readout at step K' (the official wrappers would read step K).
-    `windows` [N, T+1] token ids; one pass of max(depths) steps serves every depth."""
+    `windows` [N, T+1] token ids."""
     depths = sorted(set(int(k) for k in depths))
-    ce_sum, n = torch.zeros(len(depths), dtype=torch.float64), 0
-    dev = model.head_weight.device
-    for s in range(0, len(windows), batch_size):
-        b = windows[s:s + batch_size].to(dev)
-        x, y = b[:, :-1], b[:, 1:]
-        for i, K in enumerate(depths):
-            h = model(x, n_loops=K)[-1]
-            z = model.logits(h, final=True, k=K).float()
-            ce_sum[i] += F.cross_entropy(z.reshape(-1, z.shape[-1]), y.reshape(-1), reduction="sum").double().cpu()
-        n += y.numel()
+    ce_sum, n = _ce_sums(model, windows, batch_size,
+                         lambda x: (model.logits(model(x, n_loops=K)[-1], final=True, k=K) for K in depths))
     return [{"K": K, "ce": float(ce_sum[i] / n), "ppl": float(math.exp(min(ce_sum[i] / n, 50)))}
             for i, K in enumerate(depths)]
 
@@ -352,14 +358,9 @@ def scale_sensitivity(model, windows: torch.Tensor, scales, batch_size: int = 2)
     `src/eval/ouro_scale_sensitivity.py` scaled after the norm). A scale-invariant readout
     gives the same CE at every c."""
     scales = [float(c) for c in scales]
-    ce_sum, n = torch.zeros(len(scales), dtype=torch.float64), 0
-    dev = model.head_weight.device
-    for s in range(0, len(windows), batch_size):
-        b = windows[s:s + batch_size].to(dev)
-        x, y = b[:, :-1], b[:, 1:]
+
+    def readouts(x):
         h = model(x)[-1]
-        for i, c in enumerate(scales):
-            z = model.logits(c * h, final=True, k=model.cfg.n_loops).float()
-            ce_sum[i] += F.cross_entropy(z.reshape(-1, z.shape[-1]), y.reshape(-1), reduction="sum").double().cpu()
-        n += y.numel()
+        return (model.logits(c * h, final=True, k=model.cfg.n_loops) for c in scales)
+    ce_sum, n = _ce_sums(model, windows, batch_size, readouts)
     return [{"scale": c, "ce": float(ce_sum[i] / n)} for i, c in enumerate(scales)]
