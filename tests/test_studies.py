@@ -1,35 +1,14 @@
 """The pre-registered studies (studies/<name>/): each pre-registration is well formed, names an
 experiment of params.yaml and the code commit that defines it, and precedes its results in git."""
-import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
+from git_support import first_commit, git, history_available, is_ancestor
 
 REPO = Path(__file__).resolve().parents[1]
 STUDIES = sorted(p.parent for p in (REPO / "studies").glob("*/preregistration.yaml"))
 VERDICTS = {"reproduced", "not reproduced", "mixed"}
-
-
-def git(*args) -> str:
-    return subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True, check=True).stdout.strip()
-
-
-def history_available() -> bool:
-    try:
-        return git("rev-parse", "--is-shallow-repository") == "false"
-    except (OSError, subprocess.CalledProcessError):
-        return False
-
-
-def first_commit(path: Path) -> str:
-    """The commit that first added anything under `path` ('' if none)."""
-    out = git("log", "--diff-filter=A", "--format=%H", "--", str(path.relative_to(REPO)))
-    return out.splitlines()[-1] if out else ""
-
-
-def is_ancestor(a: str, b: str) -> bool:
-    return subprocess.run(["git", "-C", str(REPO), "merge-base", "--is-ancestor", a, b]).returncode == 0
 
 
 def test_there_are_studies():
