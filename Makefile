@@ -16,11 +16,16 @@ CORES  ?= all
 # pipeline jobs call `loopscale`, `snakemake` and `dvc`: the venv's bin comes first
 export PATH := $(CURDIR)/$(BIN):$(PATH)
 
-# Snakemake quiet: no job's rule block (its ~40 inputs, outputs, reason), no host banner; a
-# job shows as "Finished jobid: N (Rule: NAME)" and the progress, a failed one as its command
-# (which names its log under logs/). SNAKEMAKE_QUIET= (empty) shows everything.
+# Snakemake quiet: no job's rule block (its ~40 inputs, outputs, reason), no host banner.
+# SNAKEMAKE_QUIET= (empty) shows everything.
 SNAKEMAKE_QUIET ?= --quiet rules host
-SNAKEMAKE := $(BIN)/snakemake $(SNAKEMAKE_QUIET)
+# One line when a job starts and one when it is done ("[ 7/14] done  train  smoke raw-... seed42
+# (3.6s)"), a failed job as one FAILED line naming its log, a summary line at the end: the
+# project's logger plugin (src/snakemake_logger_plugin_loopscale, installed with the project).
+# Where the venv can't import it, Snakemake's own logger (then a job is its scheduler lines);
+# SNAKEMAKE_LOGGER= (empty) asks for that. Expanded when a recipe runs, after the set-up.
+SNAKEMAKE_LOGGER ?= $(shell $(BIN)/python -c "import snakemake_logger_plugin_loopscale" 2>/dev/null && echo --logger loopscale)
+SNAKEMAKE = $(BIN)/snakemake $(SNAKEMAKE_QUIET) $(SNAKEMAKE_LOGGER)
 
 .PHONY: setup setup-pipeline lock-pipeline smoke reproduce confirm drift-law claims-matrix test test-fast bench clean-runs
 
