@@ -85,6 +85,20 @@ def smoke_local(tmp_path_factory):
     return smoke_run_once(tmp_path_factory)
 
 
+@pytest.fixture(scope="session")
+def smoke_run(smoke_data, tmp_path_factory) -> Path:
+    """A finished 20-step smoke run (readout final_norm, vocabulary 512, CPU), trained once per
+    session and shared by the artifact, corruption, harness and Hugging Face attack tests: they read it,
+    never change it; a file that changes its run works on a copy (shutil.copytree into tmp)."""
+    from loopscale.config import preset
+    from loopscale.train import train
+    out = tmp_path_factory.mktemp("smoke-run") / "run"
+    cfg = preset("smoke", {"model": {"readout": "final_norm", "vocab_size": 512}, "data": {"vocab_size": 512},
+                           "train": {"max_steps": 20, "device": "cpu"}})
+    train(cfg, smoke_data, out, progress=False)
+    return out
+
+
 @pytest.fixture
 def grid(tmp_path) -> Path:
     """A synthetic grid of run directories (tests/report_support.py: make_grid)."""
@@ -109,3 +123,39 @@ def cli_env():
     env = dict(os.environ)
     env["PATH"] = str(Path(sys.executable).parent) + os.pathsep + env.get("PATH", "")
     return env
+
+
+@pytest.fixture(scope="session")
+def reference(smoke_data, tmp_path_factory):
+    """An uninterrupted 150-step smoke run (tests/run_support.py: smoke_cfg), trained in process
+    once per session; tests read it (a finished run trained again is left as it is)."""
+    from loopscale.train import train
+    from run_support import smoke_cfg
+    run = tmp_path_factory.mktemp("ref") / "run"
+    train(smoke_cfg(150), smoke_data, run, progress=False)
+    return run
+
+
+@pytest.fixture
+def finished_run(smoke_data, tmp_path):
+    """A finished 10-step smoke run with an evaluation result beside it (the test's own)."""
+    import json
+
+    from loopscale.config import preset
+    from loopscale.train import train
+    run = tmp_path / "run"
+    train(preset("smoke", {"train": {"threads": 1, "max_steps": 10, "log_every": 5}}), smoke_data, run, progress=False)
+    (run / "eval").mkdir()
+    (run / "eval" / "depth.json").write_text(json.dumps({"status": "ok", "exits": [{"k": 1, "ce": 1.0}]}))
+    (run / "eval" / "halting.json").write_text(json.dumps({"status": "ok", "policies": {}}))
+    return run
+
+
+@pytest.fixture
+def hf_dir(tmp_path):
+    """A tiny published-layout Ouro checkpoint with its tokenizer (tests/ouro_support.py);
+    tests/test_ouro.py has a module-scoped one without the tokenizer."""
+    from ouro_support import HF_TINY, published_tensors, word_tokenizer, write_hf
+    path = write_hf(tmp_path / "Ouro-tiny", HF_TINY, published_tensors(HF_TINY))
+    word_tokenizer(HF_TINY["vocab_size"]).save(str(path / "tokenizer.json"))
+    return path

@@ -1,4 +1,4 @@
-"""Shared by the conversion tests (test_convert, test_reliability4): an official checkpoint
+"""Shared by the conversion tests (test_convert): an official checkpoint
 edited one field at a time, and the one-line refusal `loopscale convert-paper` must give.
 A helper module, not a test file."""
 from __future__ import annotations

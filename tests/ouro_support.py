@@ -1,12 +1,16 @@
 """Shared by the Ouro tests (test_ouro, test_ouro_train, test_ouro_fineweb, test_ouro_pipeline,
-test_reliability4): a tiny published-layout Ouro checkpoint and FineWeb-like rows.
-A helper module, not a test file."""
+test_ouro_checkpoints, test_rundir, test_data): a tiny published-layout Ouro checkpoint, FineWeb-like
+rows, a word-level tokenizer and data prepared with it. A helper module, not a test file."""
 from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import torch
+
+from loopscale import data as D
+from loopscale.config import DataConfig
 
 HF_TINY = {"architectures": ["OuroForCausalLM"], "model_type": "ouro", "hidden_size": 32, "num_hidden_layers": 2,
            "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8, "intermediate_size": 48,
@@ -75,3 +79,25 @@ def fineweb_rows(n=40, seed=0):
                      "file_path": "s3://commoncrawl/x.warc.gz", "language": "en",
                      "language_score": 0.95, "token_count": len(text.split())})
     return rows
+
+
+def word_tokenizer(vocab_size: int, prefix: str = "w"):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    vocab = {"<pad>": 0, "<bos>": 1, "<eos>": 2, "<unk>": 3, **{f"{prefix}{i}": i + 4 for i in range(vocab_size - 4)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return tok
+
+
+def prepared(tmp_path, name: str, tok, vocab_size: int, prefix: str = "w") -> Path:
+    """A data directory tokenised with `tok` (text of its own words)."""
+    g = torch.Generator().manual_seed(0)
+    root = tmp_path / f"{name}-text"
+    root.mkdir()
+    for split in ("train", "valid"):
+        ids = torch.randint(0, vocab_size - 4, (3000,), generator=g).tolist()
+        (root / f"{split}.txt").write_text(" ".join(f"{prefix}{i}" for i in ids))
+    dc = DataConfig(source="text-files", train_file=str(root / "train.txt"), validation_file=str(root / "valid.txt"),
+                    tokenizer="word", vocab_size=vocab_size)
+    D.prepare_data(dc, tmp_path / name, show_progress=False, tokenizer=tok)
+    return tmp_path / name

@@ -1,6 +1,5 @@
-"""Shared by the report tests (test_report, test_report_metrics, test_claims_rules,
-test_reliability3): synthetic run directories and the per-condition statistics the claims'
-rules read. A helper module, not a test file."""
+"""Shared by the report tests (test_report, test_report_metrics, test_claims_rules): synthetic
+run directories and the per-condition statistics the claims' rules read. A helper module, not a test file."""
 from __future__ import annotations
 
 import json

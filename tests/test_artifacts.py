@@ -1,5 +1,8 @@
 """A finished run is a self-contained artifact: safetensors, tokenizer files, load, export, generate."""
 import json
+import os
+import pickle
+import shutil
 import subprocess
 import sys
 
@@ -9,20 +12,18 @@ from safetensors import safe_open
 from tokenizers import Tokenizer
 
 import loopscale
+from loopscale import cli
+from loopscale.artifacts import load
 from loopscale.cli import main
-from loopscale.config import preset
-from loopscale.train import train
+from loopscale.io import CheckpointError, load_checkpoint
 
 ARTIFACT_FILES = ("model.safetensors", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 
 
 @pytest.fixture(scope="module")
-def run(smoke_data, tmp_path_factory):
-    out = tmp_path_factory.mktemp("artifact-run") / "run"
-    cfg = preset("smoke", {"model": {"readout": "final_norm", "vocab_size": 512}, "data": {"vocab_size": 512},
-                           "train": {"max_steps": 6, "device": "cpu"}})
-    train(cfg, smoke_data, out, progress=False)
-    return out
+def run(smoke_run, tmp_path_factory):
+    """The session's smoke run (conftest.py), copied: test_export_* delete and rewrite its files."""
+    return shutil.copytree(smoke_run, tmp_path_factory.mktemp("artifact-run") / "run")
 
 
 def test_training_writes_the_artifact_and_load_gives_the_same_logits(run):
@@ -131,3 +132,47 @@ def test_readers_of_the_run_record_find_it_in_loopscale_json(run):
     assert r.status == "completed" and r.config["model"]["readout"] == "final_norm"
     assert r.data["tokenizer_sha256"] and r.env["loopscale"]
     assert find_run_dirs([str(run)]) == [run]
+
+
+SMOKE = ["--preset", "smoke", "--set", "model.dropout=0.1", "--set", "train.threads=1",
+         "--set", "train.log_every=5", "--set", "train.ckpt_every=10"]
+
+
+def test_truncated_checkpoints_give_a_clear_error(reference, tmp_path, smoke_data, capsys):
+    bad = tmp_path / "model.pt"
+    bad.write_bytes((reference / "model.pt").read_bytes()[:5000])
+    with pytest.raises(CheckpointError, match="truncated or corrupted"):
+        load(bad)
+    # a torn resumable state: the train command names the file and exits non-zero
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "state.pt").write_bytes(b"PK\x03\x04 not a real zip")
+    rc = cli.main(["train", *SMOKE, "--data", str(smoke_data), "--out", str(run), "-q"])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and str(run / "state.pt") in err and len(err.splitlines()) == 1
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, ("touch PWNED",))
+
+
+def test_checkpoint_that_runs_code_is_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    evil = tmp_path / "model.pt"
+    torch.save({"model": {}, "config": {}, "payload": _Exploit()}, evil)
+    with pytest.raises(CheckpointError, match="refused"):
+        load_checkpoint(evil)
+    raw = tmp_path / "raw.pkl"
+    raw.write_bytes(pickle.dumps(_Exploit()))
+    with pytest.raises(CheckpointError):
+        load_checkpoint(raw)
+    assert not (tmp_path / "PWNED").exists()
+
+
+def test_checkpoint_of_another_shape_is_refused(reference, tmp_path):
+    ck = torch.load(reference / "model.pt", weights_only=True)
+    ck["config"]["model"]["d_model"] = 64  # claims a wider model than its weights
+    torch.save(ck, tmp_path / "model.pt")
+    with pytest.raises(CheckpointError, match="does not match"):
+        load(tmp_path / "model.pt")

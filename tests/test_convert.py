@@ -2,6 +2,7 @@
 no flags, per-exit logits equal to the official forward's (exits.pt), and every malformed or
 unrepresentable checkpoint refused in one line."""
 import json
+import time
 import zipfile
 from pathlib import Path
 
@@ -387,3 +388,25 @@ def test_every_converted_run_loads_verified_with_the_same_logits(ckpt, tmp_path)
         for k in range(cfg.model.n_loops):
             final = k == cfg.model.n_loops - 1
             assert torch.equal(model.logits(a[k], final, k=k + 1), ref.logits(b[k], final, k=k + 1))
+
+
+# ---------------------------------------------------------------------------
+# convert-paper's sizes and values
+# ---------------------------------------------------------------------------
+class TestConvertPaper:
+    @pytest.mark.parametrize("key,value", [("seq_len", 10**9), ("ff_multiplier", 10**8)])
+    def test_oversized_settings_are_refused_before_allocation(self, tmp_path, capsys, key, value):
+        from convert_support import _refused, _set, _with
+        t0 = time.monotonic()
+        _refused(tmp_path, capsys, _with(_set("model", key, value)), "")
+        assert time.monotonic() - t0 < 60
+
+    def test_a_float64_weight_beyond_float32_is_refused(self, tmp_path, capsys):
+        from convert_support import _refused, _with
+
+        def huge(ck):
+            name = next(k for k, v in ck["model_state"].items() if k.endswith("ffn.w2.weight"))
+            t = ck["model_state"][name].double()
+            t[0, 0] = 1e300
+            ck["model_state"][name] = t
+        _refused(tmp_path, capsys, _with(huge), "overflows float32")

@@ -11,19 +11,16 @@ import torch
 
 from loopscale import cli
 from loopscale import data as D
-from loopscale.config import DataConfig, preset
+from loopscale.config import DataConfig
 from loopscale.diagnostics import open_run
 from loopscale.artifacts import load
 from loopscale.io import CheckpointError, weights_sha256
-from loopscale.train import train
 
 
-@pytest.fixture(scope="module")
-def run(smoke_data, tmp_path_factory):
-    out = tmp_path_factory.mktemp("corrupt") / "run"
-    train(preset("smoke", {"data": {"vocab_size": 512}, "train": {"max_steps": 2}}), smoke_data, out,
-          progress=False)
-    return out
+@pytest.fixture
+def run(smoke_run):
+    """The session's smoke run (conftest.py), read only: damaged files are written into tmp_path."""
+    return smoke_run
 
 
 @pytest.fixture

@@ -7,14 +7,25 @@ import dataclasses
 import json
 import re
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 
+from loopscale import cli
 from loopscale import data as D
-from loopscale.config import DataConfig
+from loopscale.cli import main
+from loopscale.config import ConfigError, DataConfig, preset
 from loopscale.data import DataError
+from loopscale.io import CheckpointError
+
+from cli_support import refused_in_one_line as one_line_error
+from ouro_support import HF_TINY, prepared, word_tokenizer
+from run_support import tree
+
 
 ASCII_SAMPLE = (" = Valkyria Chronicles III = \n\n Senjo no Valkyria 3 : Unrecorded Chronicles ( Japanese ,"
                 " lit . Valkyria of the Battlefield 3 ) , commonly referred to as   Valkyria_Chronicles III"
@@ -382,3 +393,203 @@ def test_a_long_punctuation_line_encodes_as_a_whole():
     tok = D.fit_tokenizer(DataConfig(vocab_size=64, min_frequency=1), {"train": [text], "validation": [], "test": []})
     chunked = np.concatenate(list(D._encode_pieces(tok, text, chunk_chars=500)))
     assert chunked.tolist() == tok.encode(text).ids  # the word tokenizer's cuts are exact
+
+
+def test_too_small_training_split_is_refused(tmp_path, capsys):
+    from loopscale import data as D
+    from loopscale.config import DataConfig
+    words = " ".join(["the cat sat on the mat ."] * 10)  # ~140 tokens < one 257-token window
+    (tmp_path / "t.txt").write_text(words + "\n")
+    D.prepare_data(DataConfig(source="text-files", train_file=str(tmp_path / "t.txt"),
+                              validation_file=str(tmp_path / "t.txt"), vocab_size=64, min_frequency=1),
+                   tmp_path / "d", show_progress=False)
+    rc = cli.main(["train", "--preset", "paper-44m", "--set", "train.device=cpu",
+                   "--data", str(tmp_path / "d"), "--out", str(tmp_path / "run")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "too small" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "run" / "model.pt").exists()
+
+
+# ---------------------------------------------------------------------------
+# the data's tokenizer against the model's
+# ---------------------------------------------------------------------------
+class TestTokenizerChecks:
+    def test_ouro_depth_refuses_data_of_another_tokenizer_of_the_same_size(self, hf_dir, tmp_path, capsys):
+        V = HF_TINY["vocab_size"]
+        own = prepared(tmp_path, "own", word_tokenizer(V), V)
+        other = prepared(tmp_path, "other", word_tokenizer(V, prefix="x"), V, prefix="x")
+        assert D.load_meta(own)["vocab_size"] == D.load_meta(other)["vocab_size"]
+        for model in (hf_dir, tmp_path / "run"):
+            if model != hf_dir:
+                assert main(["ouro-import", str(hf_dir), "--out", str(model), "--seq-len", "16"]) == 0
+            out = tmp_path / "depth.json"
+            one_line_error(capsys, ["ouro-depth", "--model", model, "--data", other, "--seq-len", "16",
+                                    "--max-k", "2", "--windows", "2", "--device", "cpu", "--out", out],
+                           "another tokenizer")
+            assert not out.exists()
+            assert main(["ouro-depth", "--model", str(model), "--data", str(own), "--seq-len", "16", "--max-k", "2",
+                         "--windows", "2", "--device", "cpu"]) == 0
+
+    def test_an_imported_run_records_its_tokenizer_and_eval_checks_it(self, hf_dir, tmp_path):
+        from loopscale.evaluate import open_run
+        V = HF_TINY["vocab_size"]
+        other = prepared(tmp_path, "other", word_tokenizer(V, prefix="x"), V, prefix="x")
+        run = tmp_path / "run"
+        assert main(["ouro-import", str(hf_dir), "--out", str(run), "--seq-len", "16"]) == 0
+        assert json.loads((run / "loopscale.json").read_text())["data"]["tokenizer_sha256"]
+        with pytest.raises(CheckpointError, match="another tokenizer"):
+            open_run(run / "model.pt", other, progress=False)
+
+    @pytest.mark.parametrize("larger", [False, True])
+    def test_train_stream_refuses_val_data_of_another_tokenizer_before_training(self, tmp_path, larger):
+        from ouro_support import WORDS, fineweb_rows
+
+        from loopscale import fineweb as FW
+        from loopscale import train_stream as TS
+        pq.write_table(pa.Table.from_pylist(fineweb_rows()), tmp_path / "fw.parquet")
+        from tokenizers import Tokenizer, models, pre_tokenizers
+        tok = Tokenizer(models.WordLevel({"<unk>": 0, **{w: i + 1 for i, w in enumerate(WORDS)}}, unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        (tmp_path / "tok").mkdir()
+        tok.save(str(tmp_path / "tok" / "tokenizer.json"))
+        cfg = preset("ouro-smoke", {"model": {"seq_len": 16}, "train": {"batch_size": 2, "grad_accum": 1,
+                                                                          "max_steps": 2, "log_every": 1}})
+        V = cfg.model.vocab_size * 2 if larger else len(WORDS) + 5
+        val = prepared(tmp_path, "val", word_tokenizer(V, prefix="q"), V, prefix="q")
+        s = FW.StreamConfig.from_dict({"data_files": [str(tmp_path / "fw.parquet")], "shuffle_buffer": 0,
+                                       "tokenizer": str(tmp_path / "tok"), "warmup_steps": 1})
+        trained = []
+        import loopscale.train as T
+        orig = T.train_step
+        T.train_step = lambda *a, **k: trained.append(1) or orig(*a, **k)
+        try:
+            with pytest.raises(ConfigError, match="--val-data"):
+                TS.train_stream(cfg, s, tmp_path / "run", val_data=val)
+        finally:
+            T.train_step = orig
+        assert not trained and not (tmp_path / "run" / "model.pt").exists()
+
+
+# ---------------------------------------------------------------------------
+# a corpus or split smaller than one window (data.check_windows): prepare-data with a model,
+# train (the pipeline's train job), train-stream's --val-data
+# ---------------------------------------------------------------------------
+class TestCorpusSmallerThanAWindow:
+    """Training and evaluation read whole windows of seq_len+1 tokens: a split shorter than one
+    is refused in one line naming the split (and its file) and both sizes, before training."""
+
+    def corpus(self, tmp_path, short: str, short_words: int = 12) -> dict:
+        """text-files of random words; the `short` split gets `short_words` words, the others 3,000."""
+        g = torch.Generator().manual_seed(1)
+        files = {}
+        for split in ("train", "validation", "test"):
+            n = short_words if split == short else 3000
+            ids = torch.randint(0, 40, (n,), generator=g).tolist()
+            files[split] = tmp_path / f"{split}.txt"
+            files[split].write_text(" ".join(f"w{i}" for i in ids) + "\n")
+        return files
+
+    def data_config(self, tmp_path, files, name="data.yaml") -> Path:
+        """A data-only config, as the pipeline's data/<exp>/config.yaml."""
+        import yaml
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump({"data": {
+            "source": "text-files", "train_file": str(files["train"]), "validation_file": str(files["validation"]),
+            "test_file": str(files["test"]), "tokenizer": "word", "vocab_size": 64, "min_frequency": 1}}))
+        return path
+
+    @staticmethod
+    def refused(capsys, argv, needle: str) -> str:
+        """prepare-data's error: one line after its progress (which encoding prints on stderr)."""
+        capsys.readouterr()
+        assert main([str(a) for a in argv]) == 2
+        errors = [ln for ln in capsys.readouterr().err.splitlines() if "error" in ln]
+        assert len(errors) == 1 and errors[0].startswith("loopscale: error: ") and needle in errors[0], errors
+        return errors[0]
+
+    def counts(self, tmp_path, config) -> dict:
+        """The token count of every split (derived by preparing the corpus with no model given)."""
+        assert main(["prepare-data", "--config", str(config), "--out", str(tmp_path / "counted")]) == 0
+        return D.load_meta(tmp_path / "counted")["tokens"]
+
+    @pytest.mark.parametrize("short", ["train", "validation", "test"])
+    def test_prepare_data_refuses_a_split_shorter_than_the_models_window(self, tmp_path, capsys, short):
+        files = self.corpus(tmp_path, short)
+        config = self.data_config(tmp_path, files)
+        n = self.counts(tmp_path, config)[short]
+        seq_len = n  # one token short of a window
+        out = tmp_path / "prepared"
+        assert main(["prepare-data", "--config", str(config), "--out", str(out)]) == 0  # an earlier preparation
+        before = tree(out)
+        line = self.refused(capsys, ["prepare-data", "--config", config, "--preset", "smoke", "--set",
+                                       f"model.seq_len={seq_len}", "--out", out], f"the {short} split")
+        assert str(files[short]) in line and f"{n:,} tokens" in line and f"{seq_len + 1:,}" in line
+        assert tree(out) == before  # the earlier preparation is whole
+        assert not [p.name for p in out.iterdir() if p.name.startswith(".")]
+        # one token more than the short split holds is refused, a window that fits is not
+        assert main(["prepare-data", "--config", str(config), "--preset", "smoke", "--set",
+                     f"model.seq_len={n - 1}", "--out", str(out)]) == 0
+
+    def test_a_model_in_the_config_file_is_checked_too(self, tmp_path, capsys):
+        import yaml
+        files = self.corpus(tmp_path, "train")
+        config = self.data_config(tmp_path, files)
+        n = self.counts(tmp_path, config)["train"]
+        with_model = tmp_path / "run.yaml"
+        with_model.write_text(yaml.safe_dump({**yaml.safe_load(config.read_text()), "preset": "smoke",
+                                              "model": {"seq_len": n}}))
+        self.refused(capsys, ["prepare-data", "--config", with_model, "--out", tmp_path / "out"], "the train split")
+        assert not (tmp_path / "out" / "meta.json").exists()
+
+    @pytest.mark.parametrize("short", ["train", "validation"])
+    def test_train_refuses_a_split_shorter_than_a_window_before_training(self, tmp_path, capsys, monkeypatch, short):
+        """The pipeline's two jobs: prepare-data on its data-only config (which names no model),
+        then train on the run's config: refused before a step, naming the split."""
+        import loopscale.train as T
+        files = self.corpus(tmp_path, short)
+        config = self.data_config(tmp_path, files)
+        data = tmp_path / "data"
+        assert main(["prepare-data", "--config", str(config), "--out", str(data)]) == 0
+        n = D.load_meta(data)["tokens"][short]
+        trained = []
+        orig = T.train_step
+        monkeypatch.setattr(T, "train_step", lambda *a, **k: trained.append(1) or orig(*a, **k))
+        run = tmp_path / "run"
+        line = one_line_error(capsys, ["train", "--preset", "smoke", "--data", data, "--out", run, "-q", "--set",
+                                       f"model.seq_len={n}", "--set", "train.batch_size=1",
+                                       "--set", "train.max_steps=2"], f"the {short} split")
+        assert str(data) in line and f"{n:,} tokens" in line and f"{n + 1:,}" in line
+        assert not trained and not (run / "model.pt").exists()
+
+    def test_train_stream_refuses_val_data_shorter_than_a_window_before_training(self, tmp_path, monkeypatch):
+        from ouro_support import WORDS, fineweb_rows
+
+        import loopscale.train as T
+        from loopscale import fineweb as FW
+        from loopscale import train_stream as TS
+        pq.write_table(pa.Table.from_pylist(fineweb_rows()), tmp_path / "fw.parquet")
+        from tokenizers import Tokenizer, models, pre_tokenizers
+        tok = Tokenizer(models.WordLevel({"<unk>": 0, **{w: i + 1 for i, w in enumerate(WORDS)}}, unk_token="<unk>"))
+        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        (tmp_path / "tok").mkdir()
+        tok.save(str(tmp_path / "tok" / "tokenizer.json"))
+        root = tmp_path / "text"
+        root.mkdir()
+        (root / "train.txt").write_text(" ".join(WORDS * 50))
+        (root / "valid.txt").write_text(" ".join(WORDS[:5]))
+        dc = DataConfig(source="text-files", train_file=str(root / "train.txt"),
+                        validation_file=str(root / "valid.txt"), tokenizer="word", vocab_size=len(WORDS) + 1)
+        val = tmp_path / "val"
+        D.prepare_data(dc, val, show_progress=False, tokenizer=tok)
+        n = D.load_meta(val)["tokens"]["validation"]
+        cfg = preset("ouro-smoke", {"model": {"seq_len": n}, "train": {"batch_size": 2, "grad_accum": 1,
+                                                                         "max_steps": 2, "log_every": 1}})
+        s = FW.StreamConfig.from_dict({"data_files": [str(tmp_path / "fw.parquet")], "shuffle_buffer": 0,
+                                       "tokenizer": str(tmp_path / "tok"), "warmup_steps": 1})
+        trained = []
+        orig = T.train_step
+        monkeypatch.setattr(T, "train_step", lambda *a, **k: trained.append(1) or orig(*a, **k))
+        with pytest.raises(D.DataError, match=f"--val-data {val}: the validation split is too small: {n:,} tokens") as e:
+            TS.train_stream(cfg, s, tmp_path / "run", val_data=val)
+        assert len(str(e.value).splitlines()) == 1
+        assert not trained and not (tmp_path / "run" / "model.pt").exists()

@@ -27,13 +27,10 @@ TEXTS = [
 ]
 
 
-@pytest.fixture(scope="module")
-def run(smoke_data, tmp_path_factory):
-    out = tmp_path_factory.mktemp("harness-run") / "run"
-    cfg = preset("smoke", {"model": {"readout": "final_norm", "vocab_size": 512}, "data": {"vocab_size": 512},
-                           "train": {"max_steps": 20, "device": "cpu"}})
-    train(cfg, smoke_data, out, progress=False)
-    return out
+@pytest.fixture
+def run(smoke_run):
+    """The session's smoke run (conftest.py), read only: tests that need their own copy make it."""
+    return smoke_run
 
 
 

@@ -17,13 +17,13 @@ from loopscale.artifacts import LIMITS  # noqa: E402
 from loopscale.config import ConfigError  # noqa: E402
 from loopscale.hf import LoopscaleConfig, LoopscaleForCausalLM  # noqa: E402
 from loopscale.io import CheckpointError  # noqa: E402
-from hf_support import make_run  # noqa: E402
 from transformers import AutoModelForCausalLM  # noqa: E402
 
 
-@pytest.fixture(scope="module")
-def run(smoke_data, tmp_path_factory):
-    return make_run(tmp_path_factory.mktemp("attacks") / "run", smoke_data)
+@pytest.fixture
+def run(smoke_run):
+    """The session's smoke run (conftest.py), read only: `copy` is the one to change."""
+    return smoke_run
 
 
 @pytest.fixture

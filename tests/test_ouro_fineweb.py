@@ -16,7 +16,7 @@ from loopscale import io as IO
 from loopscale.config import ConfigError, preset
 from loopscale.io import CheckpointError
 from loopscale.rundir import Preempted
-from ouro_support import WORDS, fineweb_rows
+from ouro_support import WORDS, fineweb_rows, word_tokenizer
 
 
 
@@ -463,3 +463,63 @@ def test_a_held_run_lock_refuses_train_stream_and_train(finished_stream, tmp_pat
                 assert f"{where} is in use by loopscale train-stream (pid {os.getpid()})" in err
                 assert tree(where, lock=True) == before
     assert sorted(p.name for p in empty.iterdir()) == [".lock"]
+
+
+# ---------------------------------------------------------------------------
+# train-stream's inputs (fineweb.check_parquet, fineweb.load_tokenizer)
+# ---------------------------------------------------------------------------
+class TestStreamInputs:
+    def stream(self, tmp_path, files, tok_dir):
+        from loopscale import fineweb as FW
+        return FW.StreamConfig.from_dict({"data_files": [str(f) for f in files], "shuffle_buffer": 0,
+                                          "tokenizer": str(tok_dir), "warmup_steps": 1})
+
+    @pytest.fixture
+    def tok_dir(self, tmp_path):
+        (tmp_path / "tok").mkdir()
+        word_tokenizer(50).save(str(tmp_path / "tok" / "tokenizer.json"))
+        return tmp_path / "tok"
+
+    def bad_files(self, tmp_path):
+        good = pa.Table.from_pylist([{"text": "w1 w2 w3 " * 30}] * 4)
+        pq.write_table(good, tmp_path / "good.parquet")
+        blob = (tmp_path / "good.parquet").read_bytes()
+        files = {"zero_byte": b"", "truncated": blob[: len(blob) // 2], "csv": b"text\nw1 w2\nw3 w4\n"}
+        for name, content in files.items():
+            (tmp_path / f"{name}.parquet").write_bytes(content)
+        pq.write_table(pa.Table.from_pylist([{"text": 5}] * 3), tmp_path / "ints.parquet")
+        pq.write_table(pa.Table.from_pylist([{"text": ["w1", "w2"]}] * 3), tmp_path / "lists.parquet")
+        pq.write_table(pa.table({"body": pa.array([], pa.string())}), tmp_path / "empty.parquet")
+        return ["zero_byte", "truncated", "csv", "ints", "lists", "empty"]
+
+    def test_bad_parquet_files_are_one_line_naming_the_file(self, tmp_path, tok_dir):
+        from loopscale import fineweb as FW
+        tok = FW.load_tokenizer(str(tok_dir))
+        for name in self.bad_files(tmp_path):
+            s = self.stream(tmp_path, [tmp_path / f"{name}.parquet"], tok_dir)
+            with pytest.raises(ConfigError, match=f"{name}.parquet") as e:
+                FW.ChunkStream(s, tok, 8).batch(1)
+            assert len(str(e.value).splitlines()) == 1
+
+    def test_a_non_tokenizer_json_is_one_line_naming_the_file(self, tmp_path):
+        from loopscale import fineweb as FW
+        bad = tmp_path / "tokenizer.json"
+        bad.write_text('{"hello": 1}')
+        with pytest.raises(ConfigError, match="tokenizer.json is not a tokenizers JSON file"):
+            FW.load_tokenizer(str(bad))
+        bad.write_bytes(b"\xff\xfe\x00")
+        with pytest.raises(ConfigError, match="not a tokenizers JSON file"):
+            FW.load_tokenizer(str(tmp_path))
+
+
+# ---------------------------------------------------------------------------
+# the low findings: cross-checked settings, the file an error names
+# ---------------------------------------------------------------------------
+def test_stream_min_lr_above_the_peak_is_refused(tmp_path):
+    from loopscale import fineweb as FW
+    from loopscale import train_stream as TS
+    cfg = preset("ouro-smoke", {"train": {"max_steps": 2, "lr": 1e-3}})
+    s = FW.StreamConfig.from_dict({"min_lr": 1e-2})
+    with pytest.raises(ConfigError, match="stream.min_lr"):
+        TS.train_stream(cfg, s, tmp_path / "run")
+    assert not (tmp_path / "run").exists()

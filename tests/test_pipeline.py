@@ -821,3 +821,30 @@ def test_snakemake_interrupted_alone_never_retrains_a_finished_run(tmp_path):
     log = (repo / "logs" / run_dir.relative_to(repo / "runs") / "train.log").read_text()
     assert "kept the finished run" in log and "done:" not in log, log  # restored, not trained again
     assert (run_dir / "model.pt").read_bytes() == model
+
+
+def test_duplicate_experiment_in_params_stops_the_pipeline_planner(tmp_path):
+    from loopscale import pipeline as P
+    text = (REPO / "params.yaml").read_text()
+    i = text.index("\nexperiments:\n") + len("\nexperiments:\n")
+    j = text.index("\n  ", i + 1)  # the first experiment's block, copied once more at the end
+    block_end = text.find("\n  ", j + 1)
+    while block_end != -1 and text[block_end + 3] == " ":
+        block_end = text.find("\n  ", block_end + 1)
+    first = text[i:block_end if block_end != -1 else len(text)].rstrip("\n")
+    (tmp_path / "params.yaml").write_text(text.rstrip("\n") + "\n" + first + "\n")
+    with pytest.raises(P.ParamsError, match="duplicate key"):
+        P.load_and_validate(tmp_path / "params.yaml", REPO / "workflow" / "schemas" / "params.schema.yaml")
+
+
+def test_an_exp_yaml_error_names_exp_yaml(tmp_path):
+    from loopscale.pipeline import ParamsError, load_and_validate
+    root = Path(__file__).parent.parent
+    name = next(iter(json.loads(json.dumps(
+        __import__("yaml").safe_load((root / "params.yaml").read_text())))["experiments"]))
+    settings = tmp_path / "exp.yaml"
+    settings.write_text(f"{name}:\n  train:\n    lr: -1\n")
+    with pytest.raises(ParamsError, match="exp.yaml") as e:
+        load_and_validate(root / "params.yaml", root / "workflow" / "schemas" / "params.schema.yaml",
+                          settings_path=settings)
+    assert "train.lr" in str(e.value)

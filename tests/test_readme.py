@@ -421,10 +421,10 @@ def test_every_test_named_in_troubleshooting_exists():
     assert missing_tests(text) == []
 
 
-@pytest.mark.parametrize("ref", ["tests/test_reliability4.py::TestNoSuchClass",
-                                 "tests/test_reliability4.py::TestLimits::test_no_such_method",
+@pytest.mark.parametrize("ref", ["tests/test_settings.py::TestNoSuchClass",
+                                 "tests/test_settings.py::TestLimits::test_no_such_method",
                                  "tests/test_pipeline.py::test_no_such_test", "tests/test_gone.py::test_x",
-                                 "tests/test_reliability4.py::one_line_error"])  # a helper is not a test
+                                 "tests/test_settings.py::one_line"])  # a helper is not a test
 def test_a_renamed_or_removed_test_is_caught(ref):
     text = (REPO / "docs" / "troubleshooting.md").read_text(encoding="utf-8")
     assert missing_tests(f"{text}\n({ref})\n") == [ref]

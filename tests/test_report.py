@@ -6,6 +6,7 @@ import ast
 import json
 import math
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +21,10 @@ from loopscale.report.figures import FIGURES, write_figures
 from loopscale.registry import condition
 from loopscale.report.runs import load_run
 from loopscale.report.document import report_markdown
+from loopscale import cli
+from loopscale.config import preset
+from loopscale.train import train
+from cli_support import one_line_error, run_cli
 from report_support import K, cs, cs_exits, make_grid, make_run, runs_of, verdict
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -627,3 +632,170 @@ def test_report_write_judges_an_experiment_by_its_own_claims_family(tmp_path, ca
     assert C.thresholds_text() not in text
     verdicts = re.search(r"\*\*Verdicts:\*\* .*\(of (\d+);", text)
     assert verdicts and int(verdicts.group(1)) == 4
+
+
+def test_diverged_run_is_shown_as_diverged_in_the_aggregate(smoke_data, reference, tmp_path):
+    bad = tmp_path / "runs" / "diverged"
+    s = train(preset("smoke", {"model": {"readout": "raw"}, "train": {"lr": 1e6, "max_steps": 40}}),
+              smoke_data, bad, progress=False)
+    assert s["status"] == "diverged"
+    out = tmp_path / "results"
+    assert cli.main(["report", "tables", "--runs", str(reference), str(bad), "--out", str(out)]) == 0
+    import pandas as pd
+    runs = pd.read_csv(out / "runs.csv")
+    assert len(runs) == 2  # the diverged run is listed, not dropped
+    assert runs.astype(str).apply(lambda col: col.str.contains("diverged")).any().any()
+    for cell in runs.select_dtypes("number").to_numpy().ravel():  # no inf written as a number
+        assert cell != float("inf")
+
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# ---------------------------------------------------------------------------
+# report: only seeds of one experiment are averaged
+# ---------------------------------------------------------------------------
+def _set(run: Path, section: str, key: str, value) -> None:
+    cj = json.loads((run / "config.json").read_text())
+    cj["config"][section][key] = value
+    (run / "config.json").write_text(json.dumps(cj))
+
+
+def test_two_copies_of_one_run_are_refused(tmp_path, capsys):
+    a = make_run(tmp_path / "exp1", seed=1)
+    make_run(tmp_path / "exp1", seed=2)
+    shutil.copytree(a, tmp_path / "copy" / "seed1")
+    rc, err = run_cli(capsys, "report", "tables", "--runs", tmp_path, "--out", tmp_path / "out")
+    one_line_error(rc, err, "two copies", "seed 1", str(a), str(tmp_path / "copy" / "seed1"))
+    assert not (tmp_path / "out").exists()
+
+
+def test_runs_of_two_experiments_in_one_row_are_refused(tmp_path, capsys):
+    short = make_run(tmp_path / "short", seed=1)
+    long_ = make_run(tmp_path / "long", seed=2)
+    _set(short, "train", "max_steps", 20)
+    _set(long_, "train", "max_steps", 1500)
+    rc, err = run_cli(capsys, "report", "tables", "--runs", tmp_path, "--out", tmp_path / "out")
+    one_line_error(rc, err, "not seeds of one experiment", "train.max_steps", "20", "1500")
+    assert not (tmp_path / "out").exists()
+    rc, err = run_cli(capsys, "report", "write", "--runs", tmp_path, "--results", tmp_path,
+                      "--out", tmp_path / "REPORT.md")
+    one_line_error(rc, err, "not seeds of one experiment")
+    assert not (tmp_path / "REPORT.md").exists()
+
+
+def test_seeds_differing_only_in_free_settings_are_one_experiment(tmp_path, capsys):
+    a = make_run(tmp_path / "e", seed=1)
+    b = make_run(tmp_path / "e", seed=2)
+    _set(a, "train", "threads", 1)
+    _set(b, "train", "threads", 8)
+    _set(b, "train", "device", "cuda")
+    _set(b, "train", "ckpt_every", 7)
+    rc, err = run_cli(capsys, "report", "tables", "--runs", tmp_path, "--out", tmp_path / "out")
+    assert rc == 0, err
+    import pandas as pd
+    main = pd.read_csv(tmp_path / "out" / "main.csv")
+    assert list(main["n"]) == [2]
+
+
+# ---------------------------------------------------------------------------
+# report: a mistyped value marks its run's file, never crashes the grid
+# ---------------------------------------------------------------------------
+def _edit(path: Path, change) -> None:
+    d = json.loads(path.read_text())
+    change(d)
+    path.write_text(json.dumps(d, allow_nan=True))
+
+
+def _grid(root: Path) -> Path:
+    a = make_run(root, seed=1)
+    make_run(root, seed=2)
+    make_run(root, readout="raw", seed=1)
+    return a
+
+
+@pytest.mark.parametrize("file, change, words", [
+    ("eval/depth.json", lambda d: d["exits"][-1].update(norm="big"), "exits[2].norm is 'big', not a number"),
+    ("eval/depth.json", lambda d: d["exits"][-1].update(ce=[1, 2]), "exits[2].ce is a list"),
+    ("eval/depth.json", lambda d: d["exits"][-1].update(ppl=float("nan")), "exits[2].ppl is NaN"),
+    ("eval/depth.json", lambda d: d["exits"][-1].update(norm=-5.0), "exits[2].norm is negative"),
+    ("eval/norms.json", lambda d: d["loops"][0].update(k="one"), "loops[0].k is 'one'"),
+    ("eval/norms.json", lambda d: d["final"].update(p99="x"), "final.p99 is 'x'"),
+    ("eval/radial.json", lambda d: d["loops"][0].update(radial_fraction=[1]), "radial_fraction is a list"),
+    ("summary.json", lambda d: d["validation"].update(val_norm="x"), "validation.val_norm is 'x'"),
+    ("summary.json", lambda d: d["validation"].update(val_ce=[1.0, float("nan"), 2.0]), "val_ce[1] is NaN"),
+])
+def test_a_mistyped_metric_marks_its_run_and_says_so(tmp_path, capsys, file, change, words):
+    a = _grid(tmp_path / "runs")
+    if file == "summary.json":
+        (a / "eval" / "depth.json").unlink()  # the summary's values would be the ones used
+    _edit(a / file, change)
+    rc, err = run_cli(capsys, "report", "tables", "--runs", tmp_path / "runs", "--out", tmp_path / "out")
+    assert rc == 0, err
+    runs_md = (tmp_path / "out" / "runs.md").read_text()
+    row = next(l for l in runs_md.splitlines() if "seed1" in l and "RMSNorm" in l)
+    assert "malformed" in row and words in row, row
+    assert words in (tmp_path / "out" / "claims.md").read_text()
+    import pandas as pd
+    main = pd.read_csv(tmp_path / "out" / "main.csv")
+    rms = main[main["condition_id"] == "rmsnorm-per_loop-none-residual"].iloc[0]
+    if file in ("eval/depth.json", "summary.json"):  # the bad run's final exit counts nowhere
+        assert rms["ppl_K_n"] == 1 and rms["norm_K_n"] == 1
+
+
+def test_an_empty_depth_json_is_unreadable_and_not_replaced_by_the_summary(tmp_path, capsys):
+    a = _grid(tmp_path / "runs")
+    (a / "eval" / "depth.json").write_text("")
+    rc, err = run_cli(capsys, "report", "tables", "--runs", tmp_path / "runs", "--out", tmp_path / "out")
+    assert rc == 0, err
+    main_md = (tmp_path / "out" / "main.md").read_text()
+    assert "eval/depth.json is unusable" in main_md and "seed 1 (unreadable)" in main_md
+    row = next(l for l in (tmp_path / "out" / "runs.md").read_text().splitlines() if "seed1" in l and "RMSNorm" in l)
+    assert "unreadable: depth" in row and "empty" in row and "missing: depth" not in row
+
+
+def test_report_write_refuses_an_unknown_experiment_or_missing_results(tmp_path, capsys):
+    _grid(tmp_path / "runs")
+    (tmp_path / "res").mkdir()
+    out = tmp_path / "REPORT.md"
+    rc, err = run_cli(capsys, "report", "write", "--runs", tmp_path / "runs", "--results", tmp_path / "res",
+                      "--params", REPO / "params.yaml", "--experiment", "nope", "--out", out)
+    one_line_error(rc, err, "no experiment 'nope'")
+    rc, err = run_cli(capsys, "report", "write", "--runs", tmp_path / "runs", "--results", tmp_path / "missing",
+                      "--out", out)
+    one_line_error(rc, err, "results directory", "not found")
+    assert not out.exists()
+    rc, err = run_cli(capsys, "report", "write", "--runs", tmp_path / "runs", "--results", tmp_path / "res",
+                      "--params", REPO / "params.yaml", "--experiment", "smoke", "--out", out)
+    assert rc == 0 and out.exists(), err
+
+
+def test_seeds_trained_before_a_setting_existed_are_still_one_experiment(tmp_path, capsys):
+    a = make_run(tmp_path / "e", seed=1)
+    make_run(tmp_path / "e", seed=2)
+    cj = json.loads((a / "config.json").read_text())
+    del cj["config"]["objective"]["ce_impl"]  # written by a version without it: its default then
+    (a / "config.json").write_text(json.dumps(cj))
+    rc, err = run_cli(capsys, "report", "tables", "--runs", tmp_path, "--out", tmp_path / "out")
+    assert rc == 0, err
+
+
+def test_report_write_with_a_missing_params_file_is_an_error(tmp_path, capsys):
+    rc = cli.main(["report", "write", "--runs", str(tmp_path), "--results", str(tmp_path),
+                   "--params", str(tmp_path / "nope.yaml"),
+                   "--out", str(tmp_path / "REPORT.md")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and "nope.yaml" in err and len(err.splitlines()) == 1, err
+    assert not (tmp_path / "REPORT.md").exists()
+
+
+def test_a_metrics_log_with_invalid_utf8_does_not_stop_the_report(smoke_data, tmp_path):
+    from loopscale.config import preset
+    from loopscale.report.runs import _read_jsonl
+    from loopscale.train import train
+    run = tmp_path / "runs" / "r"
+    train(preset("smoke", {"train": {"max_steps": 10}}), smoke_data, run, progress=False)
+    good = (run / "metrics.jsonl").read_bytes()
+    (run / "metrics.jsonl").write_bytes(good + b'{"step": 11, "loss": \xff\xfe}\n')
+    assert len(_read_jsonl(run / "metrics.jsonl")) == len(good.splitlines())  # the bad line skipped
+    assert cli.main(["report", "tables", "--runs", str(run), "--out", str(tmp_path / "results")]) == 0

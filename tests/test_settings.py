@@ -2,7 +2,9 @@
 command line and the pipeline check alike: exit code 2, one line naming the key, nothing
 written. (`snakemake -n` and `dvc repro` build the runs through the same check:
 tests/test_pipeline.py::test_a_setting_out_of_range_stops_snakemake.)"""
+import copy
 import dataclasses
+import hashlib
 import os
 import subprocess
 import sys
@@ -14,7 +16,10 @@ import yaml
 from loopscale import cli
 from loopscale import config as C
 from loopscale import pipeline as P
+from loopscale.config import LIMITS, ConfigError, load_eval_config
 from loopscale.train import train
+
+from cli_support import refused_in_one_line as one_line_error
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMA = REPO / "workflow" / "schemas" / "params.schema.yaml"
@@ -171,3 +176,76 @@ def test_the_params_schema_of_the_settings_is_generated_from_the_dataclasses():
         with pytest.raises(P.ParamsError) as e:
             P.check_schema(params, schema)
         assert key in str(e.value) and message in str(e.value)
+
+
+SMOKE = ["--preset", "smoke", "--set", "model.dropout=0.1", "--set", "train.threads=1",
+         "--set", "train.log_every=5", "--set", "train.ckpt_every=10"]
+
+
+def digest(folder: Path) -> dict:
+    return {p.relative_to(folder).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def _bad_inputs(data, tmp):
+    (tmp / "broken.yaml").write_text("model: {readout: rmsnorm\n  loss: [")
+    return {
+        "unknown preset": (["train", "--preset", "nope"], "unknown preset"),
+        "unknown condition value": (["train", *SMOKE, "--set", "model.readout=cosine"], "model.readout"),
+        "unknown key": (["train", *SMOKE, "--set", "train.lrr=1"], "train.lrr"),
+        "wrong type": (["train", *SMOKE, "--set", "train.batch_size=many"], "train.batch_size"),
+        "malformed config": (["train", "--config", str(tmp / "broken.yaml")], "not valid YAML"),
+        "vocabulary over uint16": (["prepare-data", *SMOKE, "--set", "data.vocab_size=70000",
+                                    "--set", "model.vocab_size=70000"], "uint16"),
+        "missing data file": (["prepare-data", *SMOKE, "--set", "data.source=text-files",
+                               "--set", f"data.train_file={tmp / 'nope.txt'}",
+                               "--set", f"data.validation_file={tmp / 'nope.txt'}"], "nope.txt"),
+        "unreachable hub": (["prepare-data", *SMOKE, "--set", "data.source=wikitext-2"], "builtin"),
+    }
+
+
+def test_bad_input_fails_in_one_line_and_touches_nothing(reference, smoke_data, tmp_path, capsys):
+    run_before = digest(reference)
+    data_before = digest(smoke_data)
+    for name, (args, needle) in _bad_inputs(smoke_data, tmp_path).items():
+        if args[0] == "train":
+            args = [*args, "--data", str(smoke_data), "--out", str(reference)]
+        else:
+            args = [*args, "--out", str(smoke_data)]
+        rc = cli.main(args)
+        err = capsys.readouterr().err.strip()
+        assert rc != 0, name
+        assert len(err.splitlines()) == 1 and err.startswith("loopscale: error:"), (name, err)
+        if needle:
+            assert needle in err, (name, err)
+        assert digest(reference) == run_before, name
+        assert digest(smoke_data) == data_before, name
+
+
+# ---------------------------------------------------------------------------
+# the one table of limits (config.LIMITS): configs, --set, the pipeline's grid
+# ---------------------------------------------------------------------------
+class TestLimits:
+    @pytest.mark.parametrize("override", [f"eval.depth_factor={10**6}", f"eval.lemma_loops={10**9}",
+                                          "eval.batch_size=0"])
+    def test_eval_settings_are_bounded(self, override):
+        with pytest.raises(ConfigError, match=override.split("=")[0]):
+            load_eval_config(overrides=[override])
+
+    @pytest.mark.parametrize("key", ["vocab_size", "n_layers", "seq_len", "d_model", "n_loops"])
+    def test_model_sizes_are_bounded_in_every_config(self, key, capsys):
+        one_line_error(capsys, ["params", "--preset", "smoke", "--set", f"model.{key}={LIMITS[key] + 1}"],
+                       f"model.{key}")
+
+    def test_the_readers_share_the_table(self):
+        from loopscale import artifacts
+        assert all(artifacts.LIMITS[k] == LIMITS[k] for k in artifacts.LIMITS)
+
+    def test_an_experiment_grid_is_bounded_before_anything_is_written(self, tmp_path):
+        from loopscale.pipeline import ParamsError, build_experiment, load_params
+        params = load_params(str(Path(__file__).parent.parent / "params.yaml"))
+        name = next(iter(params["experiments"]))
+        big = copy.deepcopy(params)
+        big["experiments"][name]["seeds"] = list(range(LIMITS["grid_runs"] + 1))
+        with pytest.raises(ParamsError, match="grid_runs"):
+            build_experiment(big, name)

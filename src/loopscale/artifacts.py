@@ -386,7 +386,8 @@ def load(path: str | Path, device: str | torch.device = "cpu", *, tokenizer: boo
         tok_path = run / "tokenizer.json"
         if tokenizer and not tok_path.is_file():
             raise FileNotFoundError(f"{tok_path} not found: the checkpoint directory needs its tokenizer")
-        return Loaded(model, Tokenizer.from_file(str(tok_path)) if tokenizer else None, cfg)
+        tok = load_tokenizer(tok_path, [], cfg.model.vocab_size, "copy in the checkpoint's own") if tokenizer else None
+        return Loaded(model, tok, cfg)
     if not weights.is_file():  # a run written before model.safetensors: its model.pt
         got = _load_checkpoint_file(run / "model.pt", device)
         if tokenizer:

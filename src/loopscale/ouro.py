@@ -40,7 +40,6 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -49,13 +48,6 @@ from .config import LIMITS, ConfigError, RunConfig, preset_dict
 from .io import CheckpointError
 from .model import LoopedLM
 from .runfiles import FLOAT_DTYPES, INT_DTYPES, read_json, read_safetensors_header
-
-
-def exit_loss(ce: torch.Tensor, pdf: torch.Tensor, beta: float) -> torch.Tensor:
-    """Ouro's entropy-regularised expected loss over exit steps: mean over tokens of
-    Σ_k p_k·CE_k − β·H(p), H(p) = −Σ_k p_k log p_k. `ce` and `pdf` are [..., K]."""
-    ent = -(pdf * pdf.clamp_min(1e-12).log()).sum(-1)
-    return ((pdf * ce).sum(-1) - beta * ent).mean()
 
 
 # ---------------------------------------------------------------------------
@@ -222,15 +214,20 @@ def load_state(model: LoopedLM, state: dict[str, torch.Tensor], where: str, tied
     for k in own:  # the official AlphaReadout keeps no EMA counter (loopscale's, unused with a learned s_ref)
         if k.endswith(".ema_count") and k not in state:
             state[k] = own[k]
-    missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
-    if missing or extra:
-        what = f"misses {missing[0]}" if missing else f"has {extra[0]}, unknown to model.readout={model.cfg.readout}"
-        raise CheckpointError(f"{where} {what} ({len(missing)} missing, {len(extra)} unexpected tensors)")
+    _check_names(own, state, where, model.cfg.readout)
     for k, v in state.items():
         check_tensor(k, tuple(v.shape), v.dtype, own[k], where)
         if v.is_floating_point() and not bool(torch.isfinite(v).all()):
             raise CheckpointError(f"{where}: {k} holds non-finite values (NaN or inf): corrupted weights")
     model.load_state_dict({k: v.to(own[k].dtype) for k, v in state.items()})
+
+
+def _check_names(own: dict, state: dict, where: str, readout: str) -> None:
+    """A tensor the model has and `state` lacks, or the other way round: one CheckpointError line."""
+    missing, extra = sorted(set(own) - set(state)), sorted(set(state) - set(own))
+    if missing or extra:
+        what = f"misses {missing[0]}" if missing else f"has {extra[0]}, unknown to model.readout={readout}"
+        raise CheckpointError(f"{where} {what} ({len(missing)} missing, {len(extra)} unexpected tensors)")
 
 
 def check_tensor(k: str, shape: tuple, dtype: torch.dtype, own: torch.Tensor, where: str) -> None:
@@ -258,8 +255,8 @@ def _official_name(k: str) -> str:
     return k
 
 
-def from_pretrained(path: str | Path, *, seq_len: int = 2048, n_loops: Optional[int] = None,
-                    dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu") -> tuple[LoopedLM, RunConfig]:
+def from_pretrained(path: str | Path, *, seq_len: int = 2048,
+                    device: str | torch.device = "cpu") -> tuple[LoopedLM, RunConfig]:
     """(model in eval mode, its RunConfig) of a Hugging Face Ouro checkpoint directory
     (ByteDance/Ouro-1.4B, Ouro-2.6B once downloaded), loaded by the published parameter names."""
     run = Path(path)
@@ -272,10 +269,6 @@ def from_pretrained(path: str | Path, *, seq_len: int = 2048, n_loops: Optional[
         raise CheckpointError(f"{run / 'config.json'}: model_type is {hf.get('model_type') if isinstance(hf, dict) else None!r}, "
                               f"not 'ouro'")
     cfg = config_from_hf(hf, seq_len=seq_len)
-    if n_loops is not None:
-        if isinstance(n_loops, bool) or not isinstance(n_loops, int) or not 1 <= n_loops <= LIMITS["n_loops"]:
-            raise CheckpointError(f"n_loops must be an integer in [1, {LIMITS['n_loops']}], got {n_loops!r}")
-        cfg.model.n_loops = int(n_loops)
     tied = bool(hf.get("tie_word_embeddings", False))
     with torch.device("meta"):
         model = LoopedLM(cfg.model)
@@ -289,14 +282,10 @@ def from_pretrained(path: str | Path, *, seq_len: int = 2048, n_loops: Optional[
     for k, (shape, dtype) in meta_state.items():
         if k in own:
             check_tensor(k, shape, dtype, own[k], str(run))
-    missing, extra = sorted(set(own) - set(meta_state)), sorted(set(meta_state) - set(own))
-    missing = [k for k in missing if not k.endswith(".ema_count")]
-    if missing or extra:
-        what = f"misses {missing[0]}" if missing else f"has {extra[0]}, unknown to model.readout={cfg.model.readout}"
-        raise CheckpointError(f"{run} {what} ({len(missing)} missing, {len(extra)} unexpected tensors)")
+    _check_names(own, {**{k: None for k in own if k.endswith(".ema_count")}, **meta_state}, str(run), cfg.model.readout)
     model = model.to_empty(device="cpu")
     load_state(model, read_hf_state(run), str(run), tied=tied)
-    return model.to(device=device, dtype=dtype).eval(), cfg
+    return model.to(device).eval(), cfg
 
 
 def save_pretrained(model: LoopedLM, path: str | Path, shard_tensors: int = 0) -> Path:
@@ -336,22 +325,28 @@ def save_pretrained(model: LoopedLM, path: str | Path, shard_tensors: int = 0) -
 # ---------------------------------------------------------------------------
 # evaluations of the Ouro track
 # ---------------------------------------------------------------------------
+def _ce_sums(model, windows: torch.Tensor, batch_size: int, readouts) -> tuple[torch.Tensor, int]:
+    """The summed next-token CE (float64) of each logits tensor `readouts(x)` yields, over
+    `windows` [N, T+1] in batches, and the number of tokens scored."""
+    sums, n = None, 0
+    for s in range(0, len(windows), batch_size):
+        b = windows[s:s + batch_size].to(model.head_weight.device)
+        x, y = b[:, :-1], b[:, 1:]
+        ce = [F.cross_entropy(z.float().reshape(-1, z.shape[-1]), y.reshape(-1), reduction="sum").double().cpu()
+              for z in readouts(x)]
+        sums = torch.stack(ce) if sums is None else sums + torch.stack(ce)
+        n += y.numel()
+    return sums, n
+
+
 @torch.inference_mode()
 def variable_depth(model, windows: torch.Tensor, depths, batch_size: int = 2) -> list[dict]:
     """CE/PPL of next-token prediction at each depth K' (official `src/eval/ouro_variable_depth.py`),
     K' steps read with the *final* readout at step K' (the official wrappers would read step K).
-    `windows` [N, T+1] token ids; one pass of max(depths) steps serves every depth."""
+    `windows` [N, T+1] token ids."""
     depths = sorted(set(int(k) for k in depths))
-    ce_sum, n = torch.zeros(len(depths), dtype=torch.float64), 0
-    dev = model.head_weight.device
-    for s in range(0, len(windows), batch_size):
-        b = windows[s:s + batch_size].to(dev)
-        x, y = b[:, :-1], b[:, 1:]
-        for i, K in enumerate(depths):
-            h = model(x, n_loops=K)[-1]
-            z = model.logits(h, final=True, k=K).float()
-            ce_sum[i] += F.cross_entropy(z.reshape(-1, z.shape[-1]), y.reshape(-1), reduction="sum").double().cpu()
-        n += y.numel()
+    ce_sum, n = _ce_sums(model, windows, batch_size,
+                         lambda x: (model.logits(model(x, n_loops=K)[-1], final=True, k=K) for K in depths))
     return [{"K": K, "ce": float(ce_sum[i] / n), "ppl": float(math.exp(min(ce_sum[i] / n, 50)))}
             for i, K in enumerate(depths)]
 
@@ -363,14 +358,9 @@ def scale_sensitivity(model, windows: torch.Tensor, scales, batch_size: int = 2)
     `src/eval/ouro_scale_sensitivity.py` scaled after the norm). A scale-invariant readout
     gives the same CE at every c."""
     scales = [float(c) for c in scales]
-    ce_sum, n = torch.zeros(len(scales), dtype=torch.float64), 0
-    dev = model.head_weight.device
-    for s in range(0, len(windows), batch_size):
-        b = windows[s:s + batch_size].to(dev)
-        x, y = b[:, :-1], b[:, 1:]
+
+    def readouts(x):
         h = model(x)[-1]
-        for i, c in enumerate(scales):
-            z = model.logits(c * h, final=True, k=model.cfg.n_loops).float()
-            ce_sum[i] += F.cross_entropy(z.reshape(-1, z.shape[-1]), y.reshape(-1), reduction="sum").double().cpu()
-        n += y.numel()
+        return (model.logits(c * h, final=True, k=model.cfg.n_loops) for c in scales)
+    ce_sum, n = _ce_sums(model, windows, batch_size, readouts)
     return [{"scale": c, "ce": float(ce_sum[i] / n)} for i, c in enumerate(scales)]

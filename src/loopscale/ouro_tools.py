@@ -18,9 +18,9 @@ from typing import Optional
 import torch
 
 from .artifacts import load
-from .config import ConfigError
+from .config import ConfigError, RunConfig
 
-from .ouro import from_pretrained, is_hf_checkpoint, scale_sensitivity, variable_depth
+from .ouro import is_hf_checkpoint, scale_sensitivity, variable_depth
 
 
 # ---------------------------------------------------------------------------
@@ -35,20 +35,19 @@ def import_hf(path: str | Path, out_dir: str | Path, seq_len: int = 2048, force:
     run already there is refused unless `force`, which swaps the whole new run in."""
     import hashlib
 
-    from .artifacts import parse_tokenizer, write_run_files
-    from .io import atomic_torch_save, atomic_write_json, run_environment, weights_sha256, write_run
-    model, cfg = from_pretrained(path, seq_len=seq_len)  # every check before the run directory is touched
-    tok_json, data = None, {}
-    tok_path = Path(path) / "tokenizer.json"
-    if tok_path.is_file():  # stored as loopscale stores a tokenizer, so its hash is the data's
-        tok = parse_tokenizer(tok_path.read_bytes(), tok_path)
-        tok_json = tok.to_str(pretty=True).encode("utf-8")
-        if tok.get_vocab_size(with_added_tokens=True) > cfg.model.vocab_size:
-            from .io import CheckpointError
-            raise CheckpointError(f"{tok_path} has {tok.get_vocab_size(with_added_tokens=True)} ids but the model "
-                                  f"embeds only {cfg.model.vocab_size}: not this checkpoint's tokenizer")
-        data = {"vocab_size": tok.get_vocab_size(with_added_tokens=True),
-                "tokenizer_sha256": hashlib.sha256(tok_json).hexdigest()}
+    from .artifacts import write_run_files
+    from .io import CheckpointError, atomic_torch_save, atomic_write_json, run_environment, weights_sha256, write_run
+    if not is_hf_checkpoint(path):
+        raise CheckpointError(f"{Path(path) / 'config.json'} is not a Hugging Face Ouro config (model_type ouro)")
+    has_tok = (Path(path) / "tokenizer.json").is_file()
+    model, tok, cfg = load(path, tokenizer=has_tok)  # every check before the run directory is touched
+    settings = cfg.to_dict()
+    settings["model"]["seq_len"] = seq_len
+    cfg.model.seq_len = RunConfig.from_dict(settings).model.seq_len  # the evaluation window, checked
+    # the tokenizer stored as loopscale stores one, so its hash is the data's
+    tok_json = tok.to_str(pretty=True).encode("utf-8") if has_tok else None
+    data = {"vocab_size": tok.get_vocab_size(with_added_tokens=True),
+            "tokenizer_sha256": hashlib.sha256(tok_json).hexdigest()} if has_tok else {}
     state = model.state_dict()
     source = {"imported_from": str(Path(path).resolve()), "format": "huggingface ouro"}
     with write_run(out_dir, "loopscale ouro-import", force) as out:

@@ -64,7 +64,7 @@ from dataclasses import dataclass, field
 from . import paper
 from .groups import Group, stats
 from .markdown import num
-from .records import RunRecord, growth_of, records_of_runs
+from .records import RunRecord, records_of_runs
 from ..registry import Condition, condition
 from .runs import finite
 
@@ -246,16 +246,6 @@ def stats_of(cond: Condition, recs: list[RunRecord]) -> CondStats:
                      norm_K_train=stats(r.norm_train_last for r in used)[0])
 
 
-def condition_stats(g: Group) -> CondStats:
-    return stats_of(g.cond, records_of_runs(g.runs))
-
-
-def training_growth(run, from_fraction: float = 0.2) -> float:
-    """Exponent b of ‖H_K‖ ∝ t^b over one run's training log (records.growth_of)."""
-    from .groups import training_norms
-    return growth_of(training_norms(run), from_fraction)
-
-
 # ---------------------------------------------------------------------------
 # helpers
 # ---------------------------------------------------------------------------
@@ -299,6 +289,23 @@ def _present(table: dict, conds, what: str, stat: str = "mean") -> tuple[list, l
 
 def _not_run(cid, claim, paper_txt, rule, why) -> ClaimResult:
     return ClaimResult(cid, claim, paper_txt, "missing: " + "; ".join(why), NOT_RUN, rule)
+
+
+def _noting(ours: str, missing: list) -> str:
+    """`ours` with the conditions that could not be used named after it."""
+    return ours + (" (not run: " + "; ".join(missing) + ")" if missing else "")
+
+
+def _scale_controlled(t: dict, what: str) -> tuple[CondStats, list, list]:
+    """(per-loop CE + RMSNorm, the scale-controlled conditions present beside it (at its K where
+    `what` is "exits"), the missing ones); _Missing where there is nothing to compare."""
+    ref = _get(t, PER_LOOP_RMS, what)
+    got, missing = _present(t, SCALE_CONTROLLED, what)
+    if what == "exits":
+        got = [s for s in got if len(s.exit_ppl) == len(ref.exit_ppl)]
+    if not got:
+        raise _Missing("; ".join(missing or ["no scale-controlled condition at the same K"]))
+    return ref, got, missing
 
 
 def _rel_range(ppl: list) -> float:
@@ -355,9 +362,7 @@ def _small_norms(t, cid, claim, conds, max_per_sqrt_d, stat) -> ClaimResult:
     ref = t.get(PER_LOOP_RMS)
     if ref is not None and ref.n and finite(ref.norm(stat)):
         ours += f"; for reference per-loop CE + RMSNorm readout: {num(ref.norm(stat))}"
-    if missing:
-        ours += " (not run: " + "; ".join(missing) + ")"
-    return ClaimResult(cid, claim, p, ours, _verdict(ok), rule)
+    return ClaimResult(cid, claim, p, _noting(ours, missing), _verdict(ok), rule)
 
 
 def claim_small_norms(t: dict, max_per_sqrt_d: float = SMALL_NORM_MAX_PER_SQRT_D, stat: str = "mean") -> ClaimResult:
@@ -463,9 +468,7 @@ def claim_radial(t: dict, tolerance: float = 1.0) -> ClaimResult:
     ok = inv_max <= inv_max_thr and min(vis_means) >= vis_min_thr
     ours = (f"scale-invariant max {num(inv_max, 'sci')} ({len(inv)} condition(s)); raw mean "
             + ", ".join(f"{num(m, 'sci')} ({s.cond.label})" for s, m in zip(vis, vis_means)))
-    if miss_i or miss_v:
-        ours += " (not run: " + "; ".join(miss_i + miss_v) + ")"
-    return ClaimResult(cid, claim, p, ours, _verdict(ok), rule)
+    return ClaimResult(cid, claim, p, _noting(ours, miss_i + miss_v), _verdict(ok), rule)
 
 
 def claim_k_invariance(t: dict, ratio_max: float = K_INVARIANCE_RATIO_MAX, metric: str = "range") -> ClaimResult:
@@ -511,13 +514,9 @@ def claim_depth_gain(t: dict, ratio_min: float = DEPTH_GAIN_RATIO_MIN, metric: s
     rule = (f"{defn}; every present condition of {{{', '.join(c.label for c in SCALE_CONTROLLED)}}} has "
             f"{name} ≥ max({ratio_min:g} × {name}(per-loop CE + RMSNorm), {PPL_GAIN_MIN:g})")
     try:
-        ref = _get(t, PER_LOOP_RMS, "exits")
+        ref, got, missing = _scale_controlled(t, "exits")
     except _Missing as e:
         return _not_run(cid, claim, p, rule, [str(e)])
-    got, missing = _present(t, SCALE_CONTROLLED, "exits")
-    got = [s for s in got if len(s.exit_ppl) == len(ref.exit_ppl)]
-    if not got:
-        return _not_run(cid, claim, p, rule, missing or ["no scale-controlled condition at the same K"])
     g_ref = f(ref.exit_ppl)
     if not finite(g_ref):
         return _not_run(cid, claim, p, rule, [f"{ref.cond.label}: an exit PPL is missing"])
@@ -526,9 +525,7 @@ def claim_depth_gain(t: dict, ratio_min: float = DEPTH_GAIN_RATIO_MIN, metric: s
     ok = all(finite(g) and g >= thr for _, g in gains)
     ours = f"{name} RMSNorm {num(g_ref, 'spct')} (threshold {num(thr, 'pct')}) vs " + ", ".join(
         f"{s.cond.label}: {num(g, 'spct')}" for s, g in gains)
-    if missing:
-        ours += " (not run: " + "; ".join(missing) + ")"
-    return ClaimResult(cid, claim, p, ours, _verdict(ok), rule)
+    return ClaimResult(cid, claim, p, _noting(ours, missing), _verdict(ok), rule)
 
 
 SCALE_CONTROL_CLAIM = "Scale-controlled variants reach lower PPL than per-loop CE + RMSNorm"
@@ -547,18 +544,13 @@ def claim_scale_control(t: dict, gain_min: float = PPL_GAIN_MIN) -> ClaimResult:
     rule = (f"every present condition of {{{', '.join(c.label for c in SCALE_CONTROLLED)}}} has final-exit PPL "
             f"≤ (1 − {gain_min:g}) × PPL(per-loop CE + RMSNorm) at the same K")
     try:
-        ref = _get(t, PER_LOOP_RMS, "ppl")
+        ref, got, missing = _scale_controlled(t, "ppl")
     except _Missing as e:
         return _not_run(cid, claim, p, rule, [str(e)])
-    got, missing = _present(t, SCALE_CONTROLLED, "ppl")
-    if not got:
-        return _not_run(cid, claim, p, rule, missing)
     ok = all(s.ppl_K <= (1 - gain_min) * ref.ppl_K for s in got)
     ours = f"RMSNorm {num(ref.ppl_K)} vs " + ", ".join(
         f"{s.cond.label}: {num(s.ppl_K)} ({num(s.ppl_K / ref.ppl_K - 1, 'spct')})" for s in got)
-    if missing:
-        ours += " (not run: " + "; ".join(missing) + ")"
-    return ClaimResult(cid, claim, p, ours, _verdict(ok), rule)
+    return ClaimResult(cid, claim, p, _noting(ours, missing), _verdict(ok), rule)
 
 
 def claim_matched_depth(t: dict, gain_min: float = PPL_GAIN_MIN, exits: str = "all") -> ClaimResult:
@@ -569,13 +561,9 @@ def claim_matched_depth(t: dict, gain_min: float = PPL_GAIN_MIN, exits: str = "a
     rule = (f"every present condition of {{{', '.join(c.label for c in SCALE_CONTROLLED)}}} has PPL_k "
             f"≤ (1 − {gain_min:g}) × PPL_k(per-loop CE + RMSNorm) at every exit k = 2..K")
     try:
-        ref = _get(t, PER_LOOP_RMS, "exits")
+        ref, got, missing = _scale_controlled(t, "exits")
     except _Missing as e:
         return _not_run(cid, claim, p, rule, [str(e)])
-    got, missing = _present(t, SCALE_CONTROLLED, "exits")
-    got = [s for s in got if len(s.exit_ppl) == len(ref.exit_ppl)]
-    if not got:
-        return _not_run(cid, claim, p, rule, missing or ["no scale-controlled condition at the same K"])
     ks = range(1, len(ref.exit_ppl))  # 0-based exits 2..K
 
     def worst(s: CondStats) -> float:  # the largest PPL_k(s)/PPL_k(ref) over k = 2..K
@@ -587,9 +575,7 @@ def claim_matched_depth(t: dict, gain_min: float = PPL_GAIN_MIN, exits: str = "a
     ours = "worst ratio to RMSNorm over k=2..K: " + ", ".join(
         f"{s.cond.label}: {num(x - 1, 'spct')} (exits {'/'.join(num(v) for v in s.exit_ppl)})" for s, x in w) + \
         f"; RMSNorm exits {'/'.join(num(v) for v in ref.exit_ppl)}"
-    if missing:
-        ours += " (not run: " + "; ".join(missing) + ")"
-    return ClaimResult(cid, claim, p, ours, _verdict(ok), rule)
+    return ClaimResult(cid, claim, p, _noting(ours, missing), _verdict(ok), rule)
 
 
 CLAMP_CLAIM = "Clamping the scale of the drifting model barely changes CE"

@@ -354,9 +354,6 @@ def claims_tables_of_records(records, family: str = "paper", preregistered: str 
                   C.choices_markdown(results))] + extra
 
 
-def claims_table(runs: list[Run]) -> Table:
-    return claims_tables(runs)[0]
-
 
 def write_story(run_dirs: list[str], out: Path) -> list[Path]:
     """story.{csv,md}, story_summary.json and story_quadrant.{png,pdf} of the runs under `run_dirs`."""

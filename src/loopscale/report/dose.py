@@ -87,18 +87,27 @@ def _at(m: pd.DataFrame, lam: float, col: str) -> float:
     return float(m.loc[hit[0], col]) if hit else math.nan
 
 
+def _trend(r: ClaimResult, df: pd.DataFrame, col: str, lam: float, what: str):
+    """(the seed means of `col` by λ, ρ(λ, those means), the mean at `lam`, the mean at λ=0), or
+    None with `r.ours` naming what is missing (too few λ, or no λ=0 or `lam`)."""
+    m = _means(df).dropna(subset=[col])
+    at, zero = _at(m, lam, col), _at(m, 0.0, col)
+    if len(m) < DOSE_MIN_LEVELS or not (finite(at) and finite(zero)):
+        r.ours = f"missing: {len(m)} λ with {what} (need ≥ {DOSE_MIN_LEVELS}, with λ=0 and λ={lam:g})"
+        return None
+    return m[col], _rho(list(m.index), list(m[col])), at, zero
+
+
 def rule_d1(df: pd.DataFrame) -> ClaimResult:
     rule = (f"ρ(λ, seed-mean ‖H_K‖) ≤ {DOSE_NORM_RHO_MAX:g} over the λ, and ‖H_K‖(λ={DOSE_TOP_LAMBDA:g}) ≤ "
             f"{DOSE_NORM_FRACTION_MAX:g} × ‖H_K‖(λ=0)")
     r = ClaimResult("D1", "‖H_K‖ falls with the norm penalty's λ", PAPER, "", NOT_RUN, rule)
-    m = _means(df).dropna(subset=["norm_K"])
-    top, zero = _at(m, DOSE_TOP_LAMBDA, "norm_K"), _at(m, 0.0, "norm_K")
-    if len(m) < DOSE_MIN_LEVELS or not (finite(top) and finite(zero)):
-        r.ours = f"missing: {len(m)} λ with ‖H_K‖ (need ≥ {DOSE_MIN_LEVELS}, with λ=0 and λ={DOSE_TOP_LAMBDA:g})"
+    got = _trend(r, df, "norm_K", DOSE_TOP_LAMBDA, "‖H_K‖")
+    if got is None:
         return r
-    rho = _rho(list(m.index), list(m.norm_K))
-    r.ours = (f"ρ = {num(rho, decimals=2)} over {len(m)} λ; ‖H_K‖ " +
-              ", ".join(f"λ={lam:g}: {num(v)}" for lam, v in m.norm_K.items()) +
+    means, rho, top, zero = got
+    r.ours = (f"ρ = {num(rho, decimals=2)} over {len(means)} λ; ‖H_K‖ " +
+              ", ".join(f"λ={lam:g}: {num(v)}" for lam, v in means.items()) +
               f"; λ={DOSE_TOP_LAMBDA:g} / λ=0 = {num(top / zero, decimals=4)}")
     r.verdict = REPRODUCED if rho <= DOSE_NORM_RHO_MAX and top <= DOSE_NORM_FRACTION_MAX * zero else NOT_REPRODUCED
     return r
@@ -108,15 +117,13 @@ def rule_d2(df: pd.DataFrame) -> ClaimResult:
     rule = (f"G = (PPL_1 − PPL_K)/PPL_1; ρ(λ, seed-mean G) ≥ {DOSE_GAIN_RHO_MIN:g} over the λ, and "
             f"G(λ={DOSE_MID_LAMBDA:g}) ≥ max({DOSE_GAIN_RATIO_MIN:g} × G(λ=0), {DOSE_GAIN_MIN:g})")
     r = ClaimResult("D2", "The depth gain rises with the norm penalty's λ", PAPER, "", NOT_RUN, rule)
-    m = _means(df).dropna(subset=["depth_gain"])
-    mid, zero = _at(m, DOSE_MID_LAMBDA, "depth_gain"), _at(m, 0.0, "depth_gain")
-    if len(m) < DOSE_MIN_LEVELS or not (finite(mid) and finite(zero)):
-        r.ours = f"missing: {len(m)} λ with a depth gain (need ≥ {DOSE_MIN_LEVELS}, with λ=0 and λ={DOSE_MID_LAMBDA:g})"
+    got = _trend(r, df, "depth_gain", DOSE_MID_LAMBDA, "a depth gain")
+    if got is None:
         return r
-    rho = _rho(list(m.index), list(m.depth_gain))
+    means, rho, mid, zero = got
     thr = max(DOSE_GAIN_RATIO_MIN * zero, DOSE_GAIN_MIN)
-    r.ours = (f"ρ = {num(rho, decimals=2)} over {len(m)} λ; G " +
-              ", ".join(f"λ={lam:g}: {num(v, 'spct')}" for lam, v in m.depth_gain.items()) +
+    r.ours = (f"ρ = {num(rho, decimals=2)} over {len(means)} λ; G " +
+              ", ".join(f"λ={lam:g}: {num(v, 'spct')}" for lam, v in means.items()) +
               f"; threshold at λ={DOSE_MID_LAMBDA:g}: {num(thr, 'pct')}")
     r.verdict = REPRODUCED if rho >= DOSE_GAIN_RHO_MIN and mid >= thr else NOT_REPRODUCED
     return r

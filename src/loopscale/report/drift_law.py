@@ -115,11 +115,6 @@ def _identifiable(keys: np.ndarray) -> tuple:
     return tuple(got)
 
 
-def identifiable_factors(df: pd.DataFrame) -> tuple:
-    """The factors the configurations vary independently of the factors already in."""
-    return _identifiable(np.unique(df[list(CONFIG)].to_numpy(float), axis=0))
-
-
 def config_key(setting) -> tuple:
     return tuple(float(setting[c]) for c in CONFIG)
 

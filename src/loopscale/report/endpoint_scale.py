@@ -35,7 +35,7 @@ from typing import Iterable, Optional
 import pandas as pd
 
 from ..registry import Condition
-from .groups import Group, Table, excluded_note, group_ids, join_notes, exits, radial_loops, stats
+from .groups import Group, Table, excluded_note, group_ids, join_notes, exits, radial_loops, stat_columns, stats
 from .markdown import md_table, num, pm
 from .runs import Run, finite
 
@@ -146,7 +146,7 @@ def story_table(groups: list[Group]) -> Table:
         cells = []
         for key in _KEYS:
             s = stats(p[key] for p in pts)
-            row.update({f"{key}_mean": s[0], f"{key}_std": s[1], f"{key}_n": s[2]})
+            row.update(stat_columns(key, s))
             cells.append(pm(*s, kind="sci" if key == "r_K" else "auto", n_row=len(pts)))
         rows.append(row)
         md_rows.append([g.size.label, g.cond.label, "✓" if per_loop(g.cond) else "—",

@@ -81,6 +81,11 @@ def stats(values: Iterable) -> tuple[float, float, int]:
     return mean, std, n
 
 
+def stat_columns(key: str, s: tuple) -> dict:
+    """A table row's columns of one quantity from its `stats`: key_mean, key_std, key_n."""
+    return {f"{key}_mean": s[0], f"{key}_std": s[1], f"{key}_n": s[2]}
+
+
 # ---------------------------------------------------------------------------
 # per-run extraction (each returns None when the data is absent)
 # ---------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from .endpoint_scale import story_table
 from .extrapolation import drift_table
 from .groups import (LEMMA_KEYS, Group, Table, by_size, clamp_modes, depth_curve, excluded_note, exits, final_exit, group_ids,
                      group_runs, halting_policies, join_notes, k_values, lemma_loops, missing_note, norm_final,
-                     norm_loops, radial_loops, rel_path, scale_sweep, size_heading, stats, throughput_curve, unusable_note)
+                     norm_loops, radial_loops, rel_path, scale_sweep, size_heading, stat_columns, stats, throughput_curve, unusable_note)
 from .markdown import EMPTY, md_table, num, pm
 from .runs import Run, finite
 
@@ -158,7 +158,7 @@ def norms_table(groups: list[Group]) -> Table:
         cells = [g.size.label, g.cond.label, f"{len(finals)}/{len(g.runs)}"]
         for key in keys:
             s = stats(f.get(key) for f in finals)
-            row.update({f"{key}_mean": s[0], f"{key}_std": s[1], f"{key}_n": s[2]})
+            row.update(stat_columns(key, s))
             cells.append(pm(s[0], s[1], s[2], n_row=len(finals)))
         rows.append(row)
         md_rows.append(cells)
@@ -219,8 +219,7 @@ def lemma_table(groups: list[Group]) -> Table:
         for k in ks:
             row = {**group_ids(g), "k": k}
             for key in LEMMA_KEYS:
-                s = stats(cols[key].get(k, []))
-                row.update({f"{key}_mean": s[0], f"{key}_std": s[1], f"{key}_n": s[2]})
+                row.update(stat_columns(key, stats(cols[key].get(k, []))))
             rows.append(row)
         n = max([len(v) for v in cols["scale"].values()] + [0])
         if not ks:
@@ -262,8 +261,7 @@ def clamp_table(groups: list[Group]) -> Table:
                 vals = modes[mode][k]
                 row = {**group_ids(g), "mode": mode, "k": k}
                 for key in ("ce", "ppl", "norm", "delta_ce", "rel_ppl", "radial_update", "update_norm"):
-                    s = stats(v.get(key) for v in vals)
-                    row.update({f"{key}_mean": s[0], f"{key}_std": s[1], f"{key}_n": s[2]})
+                    row.update(stat_columns(key, stats(v.get(key) for v in vals)))
                 rows.append(row)
             if mode == "none":
                 continue
@@ -302,8 +300,7 @@ def scale_table(groups: list[Group]) -> Table:
         for a in sorted(per):
             row = {**group_ids(g), "alpha": a}
             for key in ("ce", "ppl", "delta_ce"):
-                st = stats(v.get(key) for v in per[a])
-                row.update({f"{key}_mean": st[0], f"{key}_std": st[1], f"{key}_n": st[2]})
+                row.update(stat_columns(key, stats(v.get(key) for v in per[a])))
             rows.append(row)
         if not per:
             md_rows.append([g.size.label, g.cond.label, f"0/{len(g.runs)}"] + [EMPTY] * (len(SCALE_MD_ALPHAS) + 2))
@@ -345,7 +342,7 @@ def halting_table(groups: list[Group]) -> Table:
             for part in ("calib", "test"):
                 for key in ("mean_loops", "ppl", "ppl_full", "ppl_ratio"):
                     s = stats((p.get(part) or {}).get(key) for p in ps)
-                    row.update({f"{part}_{key}_mean": s[0], f"{part}_{key}_std": s[1], f"{part}_{key}_n": s[2]})
+                    row.update(stat_columns(f"{part}_{key}", s))
                     cells[(part, key)] = s
             meets = [(p.get("test") or {}).get("meets_target") for p in ps]
             row["test_meets_target_frac"] = (sum(bool(m) for m in meets) / len(meets)) if meets else math.nan
@@ -445,7 +442,7 @@ def halting_paper_table(groups: list[Group]) -> Table:
             cells = {}
             for key in _PAPER_HALTING_KEYS:
                 s = stats(c.get(key) for c in cs)
-                row.update({f"{key}_mean": s[0], f"{key}_std": s[1], f"{key}_n": s[2]})
+                row.update(stat_columns(key, s))
                 cells[key] = pm(*s, kind="ratio" if key == "bench_speedup" else "auto", n_row=len(cs))
             rows.append(row)
             md_rows.append([g.size.label, g.cond.label, p, f"{len(cs)}/{len(g.runs)}"] + [cells[k] for k in _PAPER_HALTING_KEYS])

@@ -1,12 +1,52 @@
-"""Settings files as given: layering, odd files, resource bombs: one line, never a traceback."""
+"""Settings files as given (config.read_yaml and the layering of file, preset and --set):
+duplicate keys, odd files, resource bombs are one line, never a traceback; merge keys still work."""
 import time
 
 import pytest
 import yaml
 
-from loopscale import cli
-from loopscale import pipeline as P
-from loopscale.config import MAX_YAML_NODES, read_yaml
+from loopscale import cli, pipeline as P
+from loopscale.config import ConfigError, MAX_YAML_NODES, read_yaml
+
+from cli_support import one_line_error, run_cli
+
+
+# ---------------------------------------------------------------------------
+# duplicate keys in YAML (params.yaml, config files, eval files)
+# ---------------------------------------------------------------------------
+def test_duplicate_key_is_refused_naming_key_and_lines(tmp_path):
+    f = tmp_path / "params.yaml"
+    f.write_text("experiment: smoke\nexperiments:\n  smoke:\n    steps: 20\n  cpu:\n    steps: 5\n"
+                 "  smoke:\n    steps: 1500\n")
+    with pytest.raises(ConfigError) as e:
+        read_yaml(f, "params file")
+    msg = str(e.value)
+    assert "duplicate key 'smoke'" in msg and "line 7" in msg and "line 3" in msg, msg
+    assert "\n" not in msg
+
+
+def test_duplicate_key_in_a_flow_mapping_and_a_nested_block(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("train: {lr: 0.1, lr: 0.2}\n")
+    with pytest.raises(ConfigError, match="duplicate key 'lr'"):
+        read_yaml(f)
+    f.write_text("model:\n  d_model: 64\n  n_layers: 2\n  d_model: 128\n")
+    with pytest.raises(ConfigError, match=r"line 4\).*duplicate key 'd_model'"):
+        read_yaml(f)
+
+
+def test_merge_keys_may_still_be_overridden(tmp_path):
+    f = tmp_path / "m.yaml"
+    f.write_text("base: &b {x: 1, y: 2}\nother:\n  <<: *b\n  x: 5\n")
+    assert read_yaml(f)["other"] == {"x": 5, "y": 2}
+
+
+def test_duplicate_key_in_a_config_file_is_one_line_from_the_cli(tmp_path, capsys):
+    f = tmp_path / "run.yaml"
+    f.write_text("preset: smoke\ntrain:\n  max_steps: 3\n  max_steps: 7\n")
+    rc, err = run_cli(capsys, "config", "--config", f)
+    one_line_error(rc, err, "duplicate key 'max_steps'", "line 4")
+
 
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
     f"{chr(98 + i)}: &{chr(98 + i)} [{', '.join([f'*{chr(97 + i)}'] * 10)}]\n" for i in range(8))
