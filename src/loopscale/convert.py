@@ -502,7 +502,7 @@ def convert_paper(checkpoint: str | Path, out_dir: str | Path, tokenizer_file: O
                   overrides: Optional[list[str]] = None, trust_pickle: bool = False, force: bool = False) -> dict:
     """Convert an official `last.pt` into a loopscale run directory; returns the conversion record.
     Everything is read and checked before the run directory is touched."""
-    src, out = Path(checkpoint), Path(out_dir)
+    src = Path(checkpoint)
     model, cfg, ckpt, dropped = load_official(src, overrides, trust_pickle)
     model_set, objective_set = cfg.model.__dict__, cfg.objective.__dict__
 

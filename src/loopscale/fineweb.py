@@ -23,9 +23,12 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Iterator, Optional
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator, Optional
 
 from .config import ConfigError, NonNegFloat, NonNegInt, from_mapping, merge
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass
