@@ -243,8 +243,14 @@ def main(argv: list[str] | None = None) -> int:
     if not (a.dir / "gpu_check.json").is_file():
         sys.exit(f"gpu_check_report: {a.dir}/gpu_check.json not found (run benchmarks/gpu_check.py --out {a.dir} first)")
     prereg_path = a.prereg or a.dir / "preregistration.yaml"
-    prereg = yaml.safe_load(prereg_path.read_text()) if prereg_path.is_file() else {}
-    text = render(a.dir, prereg or {})
+    try:
+        prereg = yaml.safe_load(prereg_path.read_text()) if prereg_path.is_file() else {}
+        if not isinstance(prereg or {}, dict):
+            raise ValueError("not a mapping")
+        text = render(a.dir, prereg or {})
+    except (yaml.YAMLError, json.JSONDecodeError, ValueError, KeyError, TypeError) as e:
+        sys.exit(f"gpu_check_report: cannot read {prereg_path} or the JSON files of {a.dir}: "
+                 f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
     if a.out == "-":
         sys.stdout.write(text)
     else:

@@ -94,3 +94,15 @@ def test_report_refuses_a_folder_without_a_run(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:
         report.main([str(tmp_path)])
     assert "gpu_check.json not found" in str(e.value)
+
+
+@pytest.mark.parametrize("bad", ["a: [unclosed", "- just\n- a list\n", "qualitative: [{id: z-gpu}]\n"])
+def test_a_bad_preregistration_is_a_one_line_error_and_writes_nothing(tmp_path, bad):
+    d = RECORDED[0]
+    for f in d.glob("*.json"):
+        (tmp_path / f.name).write_text(f.read_text())
+    (tmp_path / "preregistration.yaml").write_text(bad)
+    with pytest.raises(SystemExit) as e:
+        report.main([str(tmp_path)])
+    assert str(e.value).startswith("gpu_check_report: cannot read") and "\n" not in str(e.value)
+    assert not (tmp_path / "RESULTS.md").exists()
