@@ -235,7 +235,7 @@ def test_make_smoke_prints_a_line_or_two_per_job(repo):
     starts and is done once, named by rule and run; besides, the header (the job stats table)
     and the end (log path, elapsed time, summary) only."""
     venv = Path(sys.executable).parent.parent
-    proc = subprocess.run(["make", "-o", f"{venv}/.pipeline", "smoke", f"VENV={venv}", "CORES=2"], cwd=repo,
+    proc = subprocess.run(["make", "--no-print-directory", "-o", f"{venv}/.pipeline", "smoke", f"VENV={venv}", "CORES=2"], cwd=repo,
                           env=pipeline_env(repo), capture_output=True, text=True, timeout=900)
     lines = (proc.stdout + proc.stderr).splitlines()
     assert proc.returncode == 0, "\n".join(lines[-60:])
