@@ -70,8 +70,8 @@ confirm: setup-pipeline
 # the claims matrix across experiments (results/claims_matrix) and the README's view of it
 claims-matrix: setup-pipeline
 	$(BIN)/loopscale report claims-matrix --results results/cpu results/cpu_confirm results/cpu_confirm_lr \
-		results/cpu_long results/cpu_long_drift results/cpu_factorial --out results/claims_matrix \
-		--readme cpu,cpu_confirm:d64,cpu_long,cpu_factorial:w128,cpu_factorial:l4,cpu_factorial:ctx128 \
+		results/cpu_long results/cpu_long_drift results/cpu_factorial results/cpu_length --out results/claims_matrix \
+		--readme cpu,cpu_confirm:d64,cpu_long,cpu_length,cpu_factorial:w128,cpu_factorial:l4,cpu_factorial:ctx128 \
 		--splice README.md
 
 drift-law: setup-pipeline

@@ -172,7 +172,7 @@ MATRIX = re.compile(r"<!-- claims-matrix:begin -->\n(.*?)<!-- claims-matrix:end 
 MATRIX_DIR = REPO / "results" / "claims_matrix"
 README_VIEW = MATRIX_DIR / "claims_matrix_readme.md"
 SHOWN = {"cpu": ("cpu", None), "cpu_confirm: d64": ("cpu_confirm", "d64"), "cpu_long": ("cpu_long", None),
-         "cpu_factorial: w128": ("cpu_factorial", "w128"), "cpu_factorial: l4": ("cpu_factorial", "l4"),
+         "cpu_length": ("cpu_length", None), "cpu_factorial: w128": ("cpu_factorial", "w128"), "cpu_factorial: l4": ("cpu_factorial", "l4"),
          "cpu_factorial: ctx128": ("cpu_factorial", "ctx128")}
 
 
