@@ -98,12 +98,12 @@ def _rule_f(r):
 RULES = {"a-gpu": _rule_a, "b-gpu": _rule_b, "d-gpu": _rule_d, "e2-gpu": _rule_e2, "f-gpu": _rule_f}
 
 
-def qualitative(drift: dict, ids: list[str] | None = None) -> list[dict]:
+def qualitative(drift: dict, ids: list[str]) -> list[dict]:
     """The pre-registered qualitative rules (preregistration.yaml `qualitative`), evaluated;
     a rule whose readouts did not finish is left out."""
     r = drift.get("readouts", {})
     out = []
-    for rid in ids if ids is not None else ["a-gpu", "b-gpu", "d-gpu"]:
+    for rid in ids:
         if rid not in RULES:
             raise ValueError(f"pre-registered rule {rid!r} is not one of {', '.join(RULES)}")
         try:
