@@ -208,7 +208,10 @@ def run_child(a, argv: list[str], part: str, budget: float, out: Path, log_path:
     stream its output to our stdout and the log; kill it at `budget` seconds."""
     cmd = [sys.executable, str(Path(__file__).resolve()), *argv, "--out", str(Path(a.out).resolve()),
            "--data", str(Path(a.data).resolve()), "--part", part, "--part-budget-s", f"{budget:.3f}"]
-    env_peak = read_json(out / "env.json").get("peak", {}).get("flop_per_s")
+    env_json = read_json(out / "env.json")
+    # only a peak from an env part that finished ("ok"): one killed at its budget may have written
+    # a peak from a matmul still warming up
+    env_peak = env_json.get("peak", {}).get("flop_per_s") if env_json.get("status") == "ok" else None
     if part == "bench" and isinstance(env_peak, (int, float)) and env_peak > 0:
         cmd += ["--peak-flops", repr(float(env_peak))]
     env = dict(os.environ, PYTHONUNBUFFERED="1")

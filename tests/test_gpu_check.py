@@ -55,9 +55,10 @@ ENV_S = 0.05  # the env part's budget: killed before it imports torch
 @pytest.fixture(scope="module")
 def check(smoke_data, tmp_path_factory):
     """One tiny run of every part on the CPU, the env part given a budget too small to start
-    in: 50 ms, while importing torch alone takes several hundred (a one-second budget was not
-    enough on a warm machine: the env part measured its peak before the kill, and bench used
-    it). The output folder holds an earlier run's env.json, which must not survive."""
+    in: 50 ms, while importing torch alone takes several hundred. Bench must measure its own
+    peak: the env part was killed (and bench ignores the peak of an env part that did not finish
+    "ok", even one written before the kill). The output folder holds an earlier run's env.json,
+    which must not survive."""
     out = tmp_path_factory.mktemp("gpu-check")
     (out / "env.json").write_text(json.dumps({"part": "env", "status": "ok", "peak": {"flop_per_s": 1e30}}))
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
