@@ -56,6 +56,18 @@ def test_every_snippet_is_marked_and_parses():
     assert "make reproduce" in found[1][3] and "make test" in found[1][3]
 
 
+def test_the_first_screen_is_the_findings_the_figure_the_claims_and_the_commands():
+    """Everything before the README's first section heading: what the paper and loopscale found,
+    the headline figure, the claims table and the three commands, in at most 70 lines."""
+    first = README.split("\n## ", 1)[0]
+    assert len(first.splitlines()) <= 70, f"the first screen is {len(first.splitlines())} lines"
+    assert "**The paper found**" in first and "**loopscale found**" in first
+    assert re.search(r"^!\[[^\]]*\]\(results/[^)]+\.png\)", first, re.M), "no headline figure"
+    assert MATRIX.search(first), "the claims table is not on the first screen"
+    for command in ("make smoke", "make reproduce", "make test"):
+        assert re.search(rf"^{command}\b", first, re.M), f"{command} is not on the first screen"
+
+
 def test_every_snippet_that_needs_the_venv_activates_it():
     """A reader who copies a snippet gets the venv's tools: a shell snippet calling loopscale,
     snakemake, dvc, torchrun, python or lm-eval activates .venv first or calls .venv/bin/...
@@ -73,6 +85,8 @@ def test_the_smoke_time_quoted_is_the_recorded_one():
     import json
     rec = json.loads((REPO / "benchmarks" / "make-smoke.json").read_text())
     assert rec["command"] == "make smoke" and " ".join(rec["quoted"].split()) in " ".join(README.split())
+    cold = json.loads((REPO / "benchmarks" / "make-smoke-setup.json").read_text())["after"]  # set-up included
+    assert f"set-up took {cold['set_up_s']} s and the pipeline {cold['smoke_s']} s" in " ".join(README.split())
 
 
 
@@ -327,10 +341,10 @@ def test_a_figure_edited_to_a_wrong_value_fails(tmp_path):
         errors = figures.check(page, mutated.read_text())
         assert len(errors) == 1 and reported in errors[0] and errors[0].startswith(f"{page}:"), (new, errors)
     # a figure without any declaration fails on the pages that must declare one
-    text = README.replace("<!-- figures: benchmarks/make-smoke.json benchmarks/test-suite.json -->\n", "")
+    text = README.replace("<!-- figures: benchmarks/make-smoke.json benchmarks/make-smoke-setup.json benchmarks/test-suite.json -->\n", "")
     assert any("declares no source" in e and "829" in e for e in figures.check("README.md", text))
     # a source that is not a committed result file is refused
-    text = README.replace("benchmarks/make-smoke.json benchmarks/test-suite.json", "docs/studies.md", 1)
+    text = README.replace("benchmarks/make-smoke.json benchmarks/make-smoke-setup.json benchmarks/test-suite.json", "docs/studies.md", 1)
     assert any("not a committed file under results/ or benchmarks/" in e for e in figures.check("README.md", text))
 
 
