@@ -16,7 +16,7 @@ from loopscale.registry import condition
 from loopscale.report.groups import group_runs
 from loopscale.report.runs import find_run_dirs
 from loopscale.report.runs import load_runs
-from loopscale.report.endpoint_scale import (per_loop, ranks, scale_visible, spearman, story_point, story_points,
+from loopscale.report.endpoint_scale import (pearson, per_loop, scale_visible, spearman, story_point, story_points,
                                     story_summary, story_table)
 
 FIX = Path(__file__).parent / "fixtures" / "story"
@@ -100,13 +100,15 @@ def test_per_run_numbers_equal_the_official_script(official_grid):
 
 
 def test_correlations_against_numpy_and_ties():
-    assert ranks([3.0, 1.0, 2.0, 2.0]) == [4.0, 1.0, 2.5, 2.5]
     x, y = [1.0, 2.0, 2.0, 5.0, 7.0], [3.0, 1.0, 4.0, 4.0, 9.0]
     rx = np.argsort(np.argsort(x)).astype(float)
     rx[[1, 2]] = rx[[1, 2]].mean()
     ry = np.argsort(np.argsort(y)).astype(float)
     ry[[2, 3]] = ry[[2, 3]].mean()
     assert math.isclose(spearman(x, y), np.corrcoef(rx, ry)[0, 1], rel_tol=1e-12)
+    assert math.isclose(pearson(x, y), np.corrcoef(x, y)[0, 1], rel_tol=1e-12)
+    for short in (([1.0], [2.0]), ([1.0, 1.0, 1.0], [1.0, 2.0, 3.0]), ([1.0, 2.0], [4.0, 4.0])):
+        assert math.isnan(pearson(*short)) and math.isnan(spearman(*short))  # too few points, or constant
 
 
 def test_quadrants_follow_the_official_definitions():

@@ -78,35 +78,21 @@ def story_point(run: Run) -> Optional[dict]:
             "per_loop": per_loop(run.condition), "scale_visible": scale_visible(run.condition)}
 
 
-def ranks(values: list[float]) -> list[float]:
-    """1-based ranks, ties sharing their average rank."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    out = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for t in range(i, j + 1):
-            out[order[t]] = (i + j) / 2 + 1
-        i = j + 1
-    return out
+def _correlation(kind: str, xs: list[float], ys: list[float]) -> float:
+    """scipy's Pearson r or Spearman ρ (ties at their average rank); NaN for fewer than 2
+    points or a constant variable (scipy, imported here: the pipeline extra's)."""
+    if len(xs) < 2 or len(set(xs)) < 2 or len(set(ys)) < 2:
+        return math.nan
+    from scipy import stats
+    return float((stats.pearsonr if kind == "pearson" else stats.spearmanr)(xs, ys).statistic)
 
 
 def pearson(xs: list[float], ys: list[float]) -> float:
-    """Pearson's r; NaN for fewer than 2 points or a constant variable."""
-    n = len(xs)
-    if n < 2:
-        return math.nan
-    mx, my = math.fsum(xs) / n, math.fsum(ys) / n
-    sxy = math.fsum((x - mx) * (y - my) for x, y in zip(xs, ys))
-    sxx = math.fsum((x - mx) ** 2 for x in xs)
-    syy = math.fsum((y - my) ** 2 for y in ys)
-    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else math.nan
+    return _correlation("pearson", xs, ys)
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
-    return pearson(ranks(xs), ranks(ys))
+    return _correlation("spearman", xs, ys)
 
 
 def _mean(v: Iterable[float]) -> float:
