@@ -98,54 +98,32 @@ class RunLocked(RuntimeError):
     """Another process holds the lock of a run directory."""
 
 
-class FileLock:
-    """An exclusive, non-blocking lock on the file `path` (the `filelock` package: flock on
-    POSIX, msvcrt on Windows, so the package imports and locks on every OS). The system drops
-    it when the process exits, however it ends (no stale lock after a kill). The file's text
-    names the holder (`what`), for the one-line refusal a second taker gets."""
-
-    def __init__(self, path: str | os.PathLike):
-        import filelock
-        self.path = Path(path)
-        self._lock = filelock.FileLock(str(self.path), timeout=0)
-
-    def acquire(self, what: str) -> bool:
-        """Take the lock and record `what` in the file; False when another holder has it."""
-        import filelock
-        try:
-            self._lock.acquire()
-        except filelock.Timeout:
-            return False
-        try:
-            self.path.write_text(f"{what}\n")
-        except OSError:  # the holder's name is only a courtesy (a lock file Windows will not share)
-            pass
-        return True
-
-    def holder(self) -> str:
-        try:
-            return self.path.read_text(errors="replace").strip()
-        except OSError:
-            return ""
-
-    def close(self) -> None:
-        self._lock.release(force=True)
-
-
 @contextlib.contextmanager
 def run_lock(directory: str | os.PathLike, what: str):
-    """Hold an exclusive lock on `directory` (a `FileLock` on DIR/.lock) while the block runs.
-
-    A second holder is refused at once with one line; the lock is released when the block
-    ends and dropped by the system when the process exits, however it ends."""
-    lock = FileLock(Path(directory) / ".lock")
-    if not lock.acquire(f"{what} (pid {os.getpid()})"):
-        holder = lock.holder() or "another process"
-        raise RunLocked(f"{directory} is in use by {holder}; wait for it to finish or stop it")
+    """Hold an exclusive, non-blocking lock on DIR/.lock while the block runs (the `filelock`
+    package: flock on POSIX, msvcrt on Windows). A second holder is refused at once with one
+    line naming the first (the lock file's text); the lock is released when the block ends and
+    dropped by the system when the process exits, however it ends (no stale lock after a kill)."""
+    import filelock
+    path = Path(directory) / ".lock"
+    lock = filelock.FileLock(str(path), timeout=0)
+    try:
+        lock.acquire()
+    except filelock.Timeout:
+        try:
+            holder = path.read_text(errors="replace").strip()
+        except OSError:
+            holder = ""
+        raise RunLocked(f"{directory} is in use by {holder or 'another process'}; "
+                        "wait for it to finish or stop it") from None
+    try:
+        path.write_text(f"{what} (pid {os.getpid()})\n")
+    except OSError:  # the holder's name is only a courtesy (a lock file Windows will not share)
+        pass
     try:
         yield
     finally:
-        lock.close()
+        lock.release(force=True)
 
 
 # the files that make a directory a loopscale run (what `write_run --force` may replace)
