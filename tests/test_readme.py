@@ -342,7 +342,7 @@ def test_a_figure_edited_to_a_wrong_value_fails(tmp_path):
         assert len(errors) == 1 and reported in errors[0] and errors[0].startswith(f"{page}:"), (new, errors)
     # a figure without any declaration fails on the pages that must declare one
     text = README.replace("<!-- figures: benchmarks/make-smoke.json benchmarks/make-smoke-setup.json benchmarks/test-suite.json -->\n", "")
-    assert any("declares no source" in e and "829" in e for e in figures.check("README.md", text))
+    assert any("declares no source" in e and "898" in e for e in figures.check("README.md", text))
     # a source that is not a committed result file is refused
     text = README.replace("benchmarks/make-smoke.json benchmarks/make-smoke-setup.json benchmarks/test-suite.json", "docs/studies.md", 1)
     assert any("not a committed file under results/ or benchmarks/" in e for e in figures.check("README.md", text))
