@@ -19,11 +19,11 @@ has no per-seed verdict.
 from __future__ import annotations
 
 import math
-import warnings
 
 import pandas as pd
 
 from .groups import stats
+from .endpoint_scale import spearman
 from .claims import EVIDENCE, NOT_REPRODUCED, NOT_RUN, REPRODUCED, ClaimResult, combine
 from .markdown import md_table, num
 from .records import RunRecord
@@ -70,13 +70,6 @@ def run_rows(records: list[RunRecord]) -> pd.DataFrame:
     return df.sort_values(["lambda", "seed"], kind="stable").reset_index(drop=True)
 
 
-def _rho(x, y) -> float:
-    from scipy.stats import spearmanr
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # a constant input: ρ undefined (NaN), which fails the rule
-        return float(spearmanr(x, y).statistic)
-
-
 def _means(df: pd.DataFrame) -> pd.DataFrame:
     ok = df[df.status == "completed"]
     return ok.groupby("lambda")[["norm_K", "depth_gain", "ppl_K"]].agg(lambda v: stats(v)[0]).sort_index()
@@ -95,7 +88,7 @@ def _trend(r: ClaimResult, df: pd.DataFrame, col: str, lam: float, what: str):
     if len(m) < DOSE_MIN_LEVELS or not (finite(at) and finite(zero)):
         r.ours = f"missing: {len(m)} λ with {what} (need ≥ {DOSE_MIN_LEVELS}, with λ=0 and λ={lam:g})"
         return None
-    return m[col], _rho(list(m.index), list(m[col])), at, zero
+    return m[col], spearman(list(m.index), list(m[col])), at, zero  # ρ NaN (a constant input) fails the rule
 
 
 def rule_d1(df: pd.DataFrame) -> ClaimResult:
@@ -136,7 +129,7 @@ def rule_d3(df: pd.DataFrame) -> ClaimResult:
     if len(ok) < DOSE_MIN_LEVELS:
         r.ours = f"missing: {len(ok)} runs with ‖H_K‖ and G (need ≥ {DOSE_MIN_LEVELS})"
         return r
-    rho = _rho([math.log(v) for v in ok.norm_K], list(ok.depth_gain))
+    rho = spearman([math.log(v) for v in ok.norm_K], list(ok.depth_gain))
     r.ours = f"ρ = {num(rho, decimals=2)} over {len(ok)} runs"
     r.verdict = REPRODUCED if rho <= DOSE_NORM_GAIN_RHO_MAX else NOT_REPRODUCED
     return r

@@ -78,21 +78,22 @@ def story_point(run: Run) -> Optional[dict]:
             "per_loop": per_loop(run.condition), "scale_visible": scale_visible(run.condition)}
 
 
-def _correlation(kind: str, xs: list[float], ys: list[float]) -> float:
-    """scipy's Pearson r or Spearman ρ (ties at their average rank); NaN for fewer than 2
-    points or a constant variable (scipy, imported here: the pipeline extra's)."""
-    if len(xs) < 2 or len(set(xs)) < 2 or len(set(ys)) < 2:
-        return math.nan
-    from scipy import stats
-    return float((stats.pearsonr if kind == "pearson" else stats.spearmanr)(xs, ys).statistic)
+def _defined(xs: list[float], ys: list[float]) -> bool:
+    """A correlation needs 2 points or more and neither variable constant (else NaN)."""
+    return len(xs) >= 2 and len(set(xs)) > 1 and len(set(ys)) > 1
 
 
 def pearson(xs: list[float], ys: list[float]) -> float:
-    return _correlation("pearson", xs, ys)
+    """scipy's Pearson r; NaN for fewer than 2 points or a constant variable. scipy is the
+    pipeline extra's, imported here."""
+    from scipy.stats import pearsonr
+    return float(pearsonr(xs, ys).statistic) if _defined(xs, ys) else math.nan
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
-    return _correlation("spearman", xs, ys)
+    """scipy's Spearman ρ (ties at their average rank); NaN as `pearson`."""
+    from scipy.stats import spearmanr
+    return float(spearmanr(xs, ys).statistic) if _defined(xs, ys) else math.nan
 
 
 def _mean(v: Iterable[float]) -> float:
