@@ -1,30 +1,10 @@
 """A trained run as a self-contained artifact, and `loopscale.load(run_dir)`.
 
-A finished run directory holds, besides the training logs:
-
-  model.safetensors        the weights (safetensors: no pickle, byte-reproducible); the LM head
-                           is tied to the token embedding, so it is stored once, as `tok_emb.weight`.
-                           Metadata: format, weights_sha256, config_fingerprint
-  loopscale.json           the run record: {"config": the resolved run config, "env": provenance,
-                           "data": vocabulary and tokenizer hash}
-  config.json              a Hugging Face config (model_type "loopscale", architectures, auto_map,
-                           the model settings, n_loops) and the hashes of the three files above
-  modeling_loopscale.py    remote code for `AutoModelForCausalLM.from_pretrained(RUN, trust_remote_code=True)`
-                           (self-contained: loopscale's model modules bundled, loopscale.remote)
-  tokenizer.json           the run's tokenizer (a copy of its data directory's)
-  tokenizer_config.json    what `transformers.PreTrainedTokenizerFast.from_pretrained(RUN)`
-  special_tokens_map.json  reads: pad/bos/eos/unk tokens, model_max_length (= seq_len)
-  model.pt                 the torch checkpoint (training resumes and older readers use it)
-
-Runs written before loopscale.json existed keep the run record in config.json
-({"config", "env", "data"}); `load` reads both layouts, `loopscale export RUN` rewrites an
-older run in the current one.
-
-`load` trusts nothing it reads (every failure is one CheckpointError line, never a result):
-the safetensors header is read first (bounded, without the tensors) and compared with the
-config before a model is built; sizes beyond `LIMITS` are refused; tensors must be float and
-finite; the weights hash, the config fingerprint and the tokenizer hash recorded at writing
-are verified; config.json and model.pt, where present, must agree with the run record.
+A finished run directory holds model.safetensors, loopscale.json (the run record), config.json
+(a Hugging Face config with the hashes of the other files), modeling_loopscale.py, the
+tokenizer files and model.pt; older runs keep the record in config.json, and `load` reads
+both layouts. `load` trusts nothing it reads: every failure is one CheckpointError line.
+The files and each check are in docs/artifacts.md.
 """
 from __future__ import annotations
 

@@ -2,54 +2,12 @@
 
   loopscale convert-paper CHECKPOINT --out RUN_DIR [--force] [--tokenizer FILE]
 
-The official trainer (`src/train_ar_looplm.py` of the release) saves `last.pt` = {model_state,
-optimizer_state, config, tokenizer, epoch, completed_epochs, global_step, total_train_steps};
-the model is `AutoregressiveLoopLM` (`src/models/ar_looplm.py`). Everything the conversion
-needs is read from the official config keys, with the official builder's defaults
-(`build_ar_looplm_from_config`) where a key is absent:
-
-  readout      model.use_decode_norm false                       -> raw
-               model.decode_norm_final_only true (rmsnorm)       -> final_norm
-               model.decode_norm_type rmsnorm | alpha_readout | tapernorm
-                                                                 -> rmsnorm | alpha_readout | tapernorm
-               alpha_readout.* (init_alpha, fixed_alpha, alpha_min, alpha_max, s_ref_mode, ema_decay,
-               init_log_s_ref, per_loop_alpha), taper_norm.* (ema_decay, gate_warmup_*, gate_decay_*)
-  recurrence   model.inter_loop_norm (default true)              -> inter_loop_norm
-               model.use_spectral_damping                        -> spectral_damping
-  loss         supervision.mode per-step | terminal | adaptive    -> per_loop | terminal | adaptive
-               (+ supervision.entropy_weight; adaptive keeps the exit gate)
-  regularizer  supervision.norm_penalty_weight > 0               -> norm_penalty (λ)
-               supervision.scale_anchor_weight > 0               -> scale_anchor (+ scale_anchor_target)
-  dims         model.d_model, num_heads, num_layers, ff_multiplier, num_loops, dropout, data.seq_len,
-               cross-checked with the weights (vocabulary: the embedding's rows)
-  tokenizer    {kind: "regex", itos: [...], pattern: ...}        -> loopscale.data.paper_tokenizer
-
-Weights map one to one (the same architecture, paper §3):
-
-  token_embedding, position_embedding        tok_emb, pos_emb (lm_head must be the tied embedding)
-  layers.N.attn_norm, layers.N.ffn_norm      blocks.N.norm1, blocks.N.norm2 (RMSNorm)
-  layers.N.attn.qkv (q, k, v stacked)        blocks.N.attn.qkv (same row order)
-  layers.N.attn.out_proj                     blocks.N.attn.proj
-  layers.N.ffn.w1 (gate), ffn.w3 (up)        blocks.N.mlp.gate_up = [w1; w3]
-  layers.N.ffn.w2 (down)                     blocks.N.mlp.down
-  decode_norm[.K].*                          readout_norm[.K].* (unused by the raw readout)
-  loop_norm                                  loop_norm (inter_loop_norm only)
-  raw_alpha                                  damping_logit (spectral_damping only)
-  exit_gate                                  exit_gate (adaptive loss only)
-
-What is not used by the converted condition is dropped and recorded; anything the loopscale
-model cannot represent (another block or loop norm, an untied head, inter-loop norm together
-with spectral damping, an unknown readout or supervision mode, ...) is refused in one line
-naming the official key. The checkpoint is untrusted input: its size is bounded before
-loading, it is hashed by streaming, only plain tensors/containers are unpickled (unless
---trust-pickle), tensor dtypes and values are checked (no int weights cast, no NaN), and a
-path stored in it is never opened.
-
-The run directory gets model.pt (what `loopscale eval` reads), model.safetensors,
-config.json (with a `converted_from` record) and the tokenizer files (artifacts.py). An
-existing run is refused unless --force, which writes the new run beside it and swaps it in
-(a failure, a full disk, leaves the old run as it was); the run lock (RUN/.lock) is held
-while writing (io.write_run).
+Reads the official trainer's `last.pt` (`AutoregressiveLoopLM`, the same architecture, paper
+§3): the settings from the official config keys (the official builder's defaults where a key
+is absent), the weights one to one. What the loopscale model cannot represent is refused in
+one line naming the official key; the checkpoint is untrusted input. The key and tensor
+tables, the checks and the run-directory layout are in docs/artifacts.md ("The paper's
+checkpoints").
 """
 from __future__ import annotations
 

@@ -3,33 +3,11 @@
   loopscale generate --run RUN --prompt "..." [--loops k] [--max-new-tokens N]
                      [--temperature T] [--top-k K] [--seed S] [--halt POLICY [--threshold τ]]
 
-Depth. `--loops k` applies the shared stack k times per token, any k >= 1, also beyond the
-K of training (the paper's depth-extrapolation question); the token is read out after loop k
-with the final readout, as `model.logits(model(idx, n_loops=k)[-1])` does.
-
-KV cache. Every (loop, layer) pair has its own cache of the keys and values of the positions
-seen so far, so the prompt is encoded once and each new token costs one pass of k loops
-over a single position. Cached decoding gives the tokens of uncached decoding (re-running
-the whole context every step; `use_cache=False`), tested.
-
-Context window. Positions are learned up to the model's seq_len. When a new token would sit
-at position seq_len, the window slides: the oldest tokens are dropped, the last seq_len/2
-tokens are re-encoded from position 0 (full depth) and decoding goes on from there. The
-uncached path uses the same windows, so both still agree. `Generation.slides` counts them.
-
-Halting (`--halt POLICY`). After each loop j < k the new token's exit logits (the exit
-readout the model was trained with) give a confidence (halting.py: max_prob, margin or
-entropy); when it reaches the threshold τ the token stops looping and is sampled from exit j.
-τ defaults to the per-token threshold `loopscale eval halting` calibrated for this run
-(RUN/eval/halting.json, policies["POLICY/token"]; none there means it never exits early).
-The prompt is always encoded at full depth.
-
-Halted tokens and deeper loops. In a causal model, a later token that runs loop m attends to
-every earlier position's keys and values at loop m, also those of a token that halted at
-loop j < m and never ran loop m. We copy the halted token's last computed state forward: its
-keys and values at loop j are stored as its keys and values at every deeper loop m (layer by
-layer), which costs no compute and is exact when the loop has converged (H_m = H_j). So every
-(loop, layer) cache always holds one entry per position.
+Each (loop, layer) pair has its own KV cache; the context window slides (the last seq_len/2
+tokens re-encoded from position 0) when a token has no position left. A token that halts at
+loop j < k has its loop-j keys and values copied to every deeper loop (exact once the loop has
+converged), so every cache holds one entry per position. Details: docs/artifacts.md
+("Generation").
 """
 from __future__ import annotations
 

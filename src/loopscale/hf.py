@@ -1,39 +1,10 @@
 """Hugging Face transformers classes for loopscale runs (the `hf` extra).
 
-A run directory is a Hugging Face model directory: config.json (model_type "loopscale",
-`auto_map`), model.safetensors, the tokenizer files and modeling_loopscale.py (remote code
-that imports this module). So both
-
-    AutoModelForCausalLM.from_pretrained(RUN, trust_remote_code=True)
-    import loopscale; AutoModelForCausalLM.from_pretrained(RUN)       # classes registered here
-
-give a `LoopscaleForCausalLM`, and `pipeline("text-generation", model=RUN)` works.
-
-The model wraps `loopscale.model.LoopedLM` (attribute `lm`); nothing is implemented twice.
-It is loaded by `loopscale.load`, so every check of artifacts.py applies (weights, config and
-tokenizer hashes, dtypes, finite values, sizes). `n_loops` is a config field (default: the
-K of training) and an argument of `forward` and `generate`: any depth >= 1.
-
-Generation (`model.generate`, the pipeline) uses loopscale's KV cache (`LoopscaleCache`, the
-one of `loopscale generate`: a cache per (loop, layer)) and the same context window: when a
-new token would sit at position seq_len, the last seq_len/2 tokens are re-encoded from
-position 0. So greedy ids equal `loopscale generate`'s. Without the cache, an input longer
-than seq_len is refused (one line).
-
-  halting     `model.generate(ids, halt="margin", threshold=τ)`: the per-token early exit of
-              `loopscale generate --halt POLICY [--threshold τ]` (τ defaults to the run's
-              calibrated RUN/eval/halting.json); the tokens equal the command's.
-  padding     an attention mask with zeros (left- or right-padded batches, the batched
-              text-generation pipeline): each row is computed on its attended ids alone, so
-              every row's tokens equal those of its prompt generated alone.
-  per loop    `output_hidden_states=True`: hidden_states = (E, H_1, ..., H_n) and
-              exit_logits = (z_1, ..., z_n), each loop's exit read out as trained.
-
-Loading refuses (one line) a config.json that differs from what loopscale writes for the
-run's record and tokenizer (every key, aliases included), and any loading-time override but
-the depth `n_loops` (readout, seq_len, ...: the weights cannot honour them). save_pretrained
-refuses a directory that already holds a run unless overwrite=True. The run's
-modeling_loopscale.py is self-contained (loopscale.remote): transformers alone loads it.
+A run directory loads as `LoopscaleForCausalLM` (wrapping `loopscale.model.LoopedLM`, read by
+`loopscale.load` with all its checks), through the run's modeling_loopscale.py or the classes
+registered here. `generate` uses loopscale's KV cache and context window, so greedy ids equal
+`loopscale generate`'s; halting, padded batches, per-loop outputs and the refusals are in
+docs/artifacts.md ("Hugging Face transformers").
 """
 from __future__ import annotations
 

@@ -1,39 +1,11 @@
 """The Ouro architecture (ByteDance's published looped LM), in loopscale's loop.
 
-Appendix B of the paper trains this architecture from scratch (official
-`src/train_ouro_from_scratch_ddp.py`) and swaps its per-step norm for readout variants.
-As published (config `model_type: ouro`, class `OuroForCausalLM`):
-
-  x_1   = embed_tokens(ids)                                no position embedding: RoPE in attention
-  loop  = the shared stack of `n_layers` decoder layers, each a sandwich-norm block
-            a = x + input_layernorm_2(attn(input_layernorm(x)))
-            y = a + post_attention_layernorm_2(mlp(post_attention_layernorm(a)))
-          attention: q/k/v/o projections, no biases, RoPE (rotate-half), grouped key/value heads;
-          mlp: down(silu(gate(x)) * up(x)) (SwiGLU)
-  H_k   = loop(x_k)                                        the state before any norm (diagnostics measure it)
-  x_k+1 = model.norm(H_k)                                  the same RMSNorm is the inter-step norm ...
-  logits_k = lm_head(model.norm(H_k))                      ... and the readout; lm_head is untied
-  gate  λ_k = σ(early_exit_gate(model.norm(H_k)))          per-token exit hazard (Linear d -> 1)
-
-So Ouro's recurrence is loopscale's `inter_loop_norm` and its readout `rmsnorm`, with one norm
-module for both (model.recurrence is not read). The readout variants of the official trainer replace that norm (entries of
-loopscale.registry.READOUTS that apply to model.arch=ouro):
-
-  rmsnorm         the published per-step norm
-  final_raw       model.norm at steps k < K, the raw state at step K (official ConditionalNorm)
-  final_alpha     model.norm at steps k < K, an AlphaReadout at step K (official ConditionalAlphaReadout)
-  per_loop_alpha  an AlphaReadout of its own per step, fed forward too (official PerLoopAlphaReadout)
-
-The official wrappers pick the "last" step by counting calls modulo the training K, so at an
-evaluation depth K' != K the raw/alpha readout falls on step K (and 2K, ...), not on K'. Here
-the last step of the pass is always step K' ("final" is an argument, not a counter).
-
-The network is loopscale's one looped model, `loopscale.model.LoopedLM` with model.arch=ouro
-(the `ouro` entry of `loopscale.model.ARCHITECTURES`); its state dicts carry the published
-parameter names (`model.layers.0.self_attn.q_proj.weight`, `model.norm.weight`,
-`model.early_exit_gate.bias`, `lm_head.weight`, ...; `loopscale.model.to_published`), so a
-Hugging Face Ouro checkpoint loads by name (`from_pretrained`), without remote code. This
-module holds the Hugging Face I/O and the evaluations of the Ouro track.
+Appendix B of the paper trains this architecture from scratch and swaps its per-step norm for
+readout variants. The network is `loopscale.model.LoopedLM` with model.arch=ouro; its state
+dicts carry the published parameter names, so a Hugging Face Ouro checkpoint loads by name,
+without remote code. This module holds the Hugging Face I/O and the evaluations of the Ouro
+track; the architecture, its readouts and the one deliberate difference from the official
+wrappers (the last step is an argument, not a call counter) are in docs/ouro.md.
 """
 from __future__ import annotations
 
