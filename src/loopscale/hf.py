@@ -75,12 +75,8 @@ class LoopscaleConfig(PreTrainedConfig):
 
 @dataclass
 class LoopscaleCausalLMOutput(CausalLMOutputWithPast):
-    """CausalLMOutputWithPast plus the logits of every loop's exit.
-
-    hidden_states (output_hidden_states=True): (E, H_1, ..., H_n), the input of loop 1 (token
-    and position embeddings) and the state after every loop k, before any norm, so that
-    `hidden_states[k]` is H_k. exit_logits: (z_1, ..., z_n), loop k's exit read out as the
-    model was trained to read it (`lm.logits(H_k, final=k == n, k=k)`); z_n equals `logits`."""
+    """CausalLMOutputWithPast plus exit_logits (z_1, ..., z_n): loop k's exit read out as
+    trained (`lm.logits(H_k, final=k == n, k=k)`); hidden_states[k] is H_k, before any norm."""
     exit_logits: Optional[tuple] = None
 
 
@@ -96,12 +92,9 @@ class _Row:
 
 
 class LoopscaleCache:
-    """`past_key_values` of a loopscale model: loopscale's per-(loop, layer) KV cache
-    (`generate.Decoder`) and every id seen so far (to re-encode the window when it slides).
-
-    A batch of equal-length rows shares one decoder. A padded batch (an attention mask with
-    zeros) or a halting one decodes each row with its own decoder on its attended ids only,
-    so every row's tokens are those of generating it alone (`loopscale generate`)."""
+    """`past_key_values`: loopscale's per-(loop, layer) KV cache (`generate.Decoder`) and the
+    ids seen so far. Equal-length rows share one decoder; a padded or halting batch decodes
+    each row with its own, on its attended ids, as `loopscale generate` does it alone."""
 
     def __init__(self):
         self.decoder: Optional[Decoder] = None
@@ -150,10 +143,8 @@ class LoopscaleForCausalLM(PreTrainedModel, GenerationMixin):
     @classmethod
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, config=None, **kwargs):
         """The run through `loopscale.load`, config.json cross-checked against the run record.
-
-        Only `n_loops` (the depth: any k >= 1 runs on the trained weights) may be changed at
-        loading; any other model setting (readout, seq_len, ...; also through a config or
-        its aliases such as max_position_embeddings) is fixed by the weights and refused."""
+        Only `n_loops` may be changed at loading: any other model setting (also through a config
+        or an alias) is fixed by the weights and refused."""
         from .artifacts import load
         run = _local_dir(pretrained_model_name_or_path, kwargs)
         check_run_dir(run)
@@ -262,14 +253,10 @@ class LoopscaleForCausalLM(PreTrainedModel, GenerationMixin):
                 labels: Optional[torch.Tensor] = None, n_loops: Optional[int] = None,
                 output_hidden_states: Optional[bool] = None, return_dict: Optional[bool] = None,
                 halt=None, threshold=None, **kwargs) -> LoopscaleCausalLMOutput:
-        """Logits after loop n_loops (default config.n_loops) with the final readout, as
-        `model.logits(model(idx, n_loops=k)[-1])`. With a cache (generate), the logits of
-        the positions fed in this call that are inside the current window.
-
-        attention_mask: a position with mask 0 is not attended to. Each row is computed on its
-        attended ids alone (positions from 0), as if given unpadded; a masked position's
-        outputs are those of the last attended position before it (zeros before the first),
-        so left- and right-padded batches read the right next-token logits at the end."""
+        """Logits after loop n_loops with the final readout (with a cache: of the positions fed
+        now inside the window). Each row is computed on its attended ids alone (positions from
+        0); a masked position carries the outputs of the last attended one before it (zeros
+        before the first), so padded batches read the right next-token logits at the end."""
         n = self.config.n_loops if n_loops is None else n_loops
         check_depth(n)
         self._check_ids(input_ids)
