@@ -353,7 +353,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", *, tokenizer: boo
     checkpoint file (model.pt, state.pt; it carries no tokenizer). A run directory's weights come
     from model.safetensors (else model.pt), its config from loopscale.json (or an older run's
     config.json, else the checkpoint's), its tokenizer from tokenizer.json (`tokenizer=False`:
-    not read, None). Everything is verified first (module docstring); a failure is one
+    not read, None). Everything is verified first (docs/artifacts.md); a failure is one
     CheckpointError line."""
     run = Path(path)
     if run.is_file():
