@@ -233,11 +233,9 @@ def _same_run(result: dict, cfg, path: Path, rerun: str) -> None:
     have = result.get("condition")
     if not isinstance(have, dict):
         raise ConfigError(f"{path} names no condition: not a `loopscale eval halting` result; {rerun}")
-    diff = next((k for k, v in want.items() if k in have and have[k] != v), None)
-    if diff is None and "k_train" in result and result["k_train"] != m.n_loops:
-        diff = "k_train"
-    if diff is None and "seed" in result and result["seed"] != cfg.train.seed:
-        diff = "seed"
+    ours = {"k_train": m.n_loops, "seed": cfg.train.seed}  # top-level keys of the result
+    diff = next((k for k, v in want.items() if k in have and have[k] != v), None) or \
+        next((k for k, v in ours.items() if k in result and result[k] != v), None)
     if diff is not None:
         raise ConfigError(f"{path} was calibrated on another run ({diff} differs from this run's); {rerun}")
 
