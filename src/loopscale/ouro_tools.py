@@ -27,12 +27,9 @@ from .ouro import is_hf_checkpoint, scale_sensitivity, variable_depth
 # loopscale ouro-import, ouro-depth, ouro-scale
 # ---------------------------------------------------------------------------
 def import_hf(path: str | Path, out_dir: str | Path, seq_len: int = 2048, force: bool = False) -> Path:
-    """A Hugging Face Ouro checkpoint as a loopscale run directory (model.pt, the artifact files of
-    `artifacts.write_run_files`: loopscale.json, model.safetensors, config.json and the tokenizer
-    files, and summary.json), so every `loopscale eval` diagnostic, `loopscale generate` and the
-    lm-eval model type read it like a trained run. The run records its tokenizer's hash, which
-    every evaluation checks its data against. Written under the run lock (`io.write_run`): a
-    run already there is refused unless `force`, which swaps the whole new run in."""
+    """A Hugging Face Ouro checkpoint as a loopscale run directory (model.pt, the files of
+    `artifacts.write_run_files`, summary.json) that every diagnostic reads like a trained run.
+    Written under the run lock (`io.write_run`): an existing run is refused unless `force`."""
     import hashlib
 
     from .artifacts import write_run_files
