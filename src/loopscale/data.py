@@ -772,12 +772,17 @@ def tokenizer_mismatch(meta: dict, tokenizer_sha256: Optional[str], vocab_size: 
     return None
 
 
+def _prepared_file(data_dir: PathLike, name: str, what: str) -> Path:
+    """`name` in a prepared data directory; a `DataError` naming `what` is missing if it is not there."""
+    path = Path(data_dir) / name
+    if not path.is_file():
+        raise DataError(f"no {what} in {str(data_dir)!r} ({name} missing); run `loopscale prepare-data` first")
+    return path
+
+
 def load_meta(data_dir: PathLike) -> dict:
     """The ``meta.json`` of a prepared data directory."""
-    path = Path(data_dir) / "meta.json"
-    if not path.is_file():
-        raise DataError(f"no prepared data in {str(data_dir)!r} (meta.json missing); "
-                        "run `loopscale prepare-data` first")
+    path = _prepared_file(data_dir, "meta.json", "prepared data")
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
@@ -835,10 +840,7 @@ def load_split(data_dir: PathLike, split: str, verify: bool = True) -> np.ndarra
 
 def load_tokenizer(data_dir: PathLike) -> Tokenizer:
     """The fitted tokenizer of a prepared data directory (checked against meta.json's hash)."""
-    path = Path(data_dir) / "tokenizer.json"
-    if not path.is_file():
-        raise DataError(f"no tokenizer in {str(data_dir)!r} (tokenizer.json missing); "
-                        "run `loopscale prepare-data` first")
+    path = _prepared_file(data_dir, "tokenizer.json", "tokenizer")
     raw = path.read_bytes()
     recorded = load_meta(data_dir).get("tokenizer_sha256")
     if recorded and hashlib.sha256(raw).hexdigest() != recorded:

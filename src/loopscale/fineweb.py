@@ -11,12 +11,7 @@ exactly the chunks a rank already consumed (step-exact resume).
 
 The trainer that consumes it is `loopscale.train_stream` (`loopscale train-stream`); this
 module is data only, so `loopscale.data` can read the held-out head of the stream without
-importing the training code.
-
-Settings (`StreamConfig`, `--set stream.*`): `dataset`, `subset`, `data_files` (local parquet
-files in FineWeb's schema instead of the hub), `shuffle_buffer`, `min_chars`, `tokenizer` (a
-directory holding tokenizer.json, a tokenizer.json, or a hub name), `warmup_steps`, `min_lr`,
-`pure_bf16` (weights and optimiser state in bf16, as the official trainer keeps them).
+importing the training code. Its settings are `StreamConfig`'s (`--set stream.*`).
 """
 from __future__ import annotations
 
