@@ -217,10 +217,8 @@ def _loopscale_layout(vocab: dict) -> bool:
 
 def special_token_ids(tok: Tokenizer) -> dict[str, int]:
     """The tokenizer's own special tokens and their ids (meta.json ``special_tokens``): its
-    added tokens marked special, its unknown token (`unk_token_id`), and for a tokenizer of
-    loopscale's layout its ``<pad> <bos> <eos> <unk>`` at ids 0..3 (the paper's tokenizer holds
-    them as plain vocabulary). For a pretrained tokenizer these are its own, e.g. the Ouro
-    tokenizer's ``<|endoftext|>`` at 0, ``<|im_start|>`` at 1, ``<|im_end|>`` at 2."""
+    added tokens marked special, its unknown token, and loopscale's four at 0..3 where it keeps
+    them (e.g. Ouro's: ``<|endoftext|>`` 0, ``<|im_start|>`` 1, ``<|im_end|>`` 2)."""
     ids = {t.content: i for i, t in tok.get_added_tokens_decoder().items() if t.special}
     if _loopscale_layout(tok.get_vocab(with_added_tokens=True)):
         ids.update({s: i for i, s in enumerate(SPECIAL_TOKENS)})
@@ -352,13 +350,9 @@ def _load_wikitext(source: str, hf_dataset: Optional[str] = None, rows: bool = F
                         f"{_OFFLINE_HINT}") from None
     if rows:  # the paper's loader: every row as it is, "" rows dropped
         return {split: [str(r) for r in texts.get(split, []) if str(r)] for split in SPLITS}
-    corpus = {}
-    for split in SPLITS:
-        # Rows are lines (ending in "\n" or empty); clean_lines drops the empty ones and
-        # joins the rest with a blank line.
-        text = clean_lines("\n".join(texts[split])) if split in texts else ""
-        corpus[split] = [text] if text else []
-    return corpus
+    # rows are lines (ending in "\n" or empty): clean_lines drops the empty ones, joins the rest
+    joined = {split: clean_lines("\n".join(texts.get(split, []))) for split in SPLITS}
+    return {split: [text] if text else [] for split, text in joined.items()}
 
 
 # ---------------------------------------------------------------------------
@@ -432,11 +426,10 @@ def paper_tokenizer(itos: list[str], pattern: str) -> Tokenizer:
 
     ``encode(text).ids`` equals the official ``encode(text)`` (no BOS/EOS) and ``decode(ids)``
     its ``decode(ids)`` (special tokens skipped; the official decode also stops at the first
-    ``<eos>``, which the paper's streams never hold). The specials ``<pad> <bos> <eos>
-    <unk>`` must be ids 0..3; they are plain vocabulary entries, not added tokens, so a
-    literal ``"<unk>"`` in the text is cut into ``<``, ``unk``, ``>`` as the official code
-    cuts it. Only the official pattern (`WORD_PATTERN`) can be reproduced; another pattern,
-    a malformed vocabulary or one too big for uint16 token files raises `DataError`."""
+    ``<eos>``, which the paper's streams never hold). The specials (ids 0..3) are plain
+    vocabulary, not added tokens, so a literal ``"<unk>"`` is cut into ``<``, ``unk``, ``>`` as
+    the official code cuts it. Another pattern than `WORD_PATTERN` or a bad vocabulary raises
+    `DataError`."""
     if pattern != WORD_PATTERN:
         raise DataError(f"tokenizer pattern {pattern!r} cannot be reproduced exactly (only the paper's "
                         f"{WORD_PATTERN!r} is supported)")
@@ -724,14 +717,9 @@ _BOUNDARY_RUN = re.compile(r"(?<!\s)\s*\n\n\s*")  # a whole whitespace run holdi
 
 
 def split_stats(tok: Tokenizer, docs: list[str], text: str, n_tokens: int, n_unk: int) -> dict:
-    """Word and token counts of one split as prepare-data stored it.
-
-    ``words``: whitespace-separated words (``str.split``, the WikiText convention: its mark-up
-    ``@-@``, punctuation and headings' ``=`` count as words); ``tokens_per_word``;
-    ``unk`` and ``unk_share`` (ids of the tokenizer's unknown token, `unk_token_id`, / tokens;
-    0 for a tokenizer without one, as Ouro's byte-level BPE); ``boundary_unk``: the ``<unk>`` ids that
-    are whitespace runs holding a separator (with ``tokenization=paper`` every row boundary,
-    ``" \\n\\n\\n "`` on WikiText, is one); ``rows`` (the documents prepare-data joined)."""
+    """Word and token counts of one split as prepare-data stored it: ``rows``, ``words``
+    (``str.split``), ``tokens``, ``tokens_per_word``, ``unk``, ``unk_share`` (`unk_token_id`) and
+    ``boundary_unk`` (``<unk>`` ids that are whitespace runs holding a separator; docs/data.md)."""
     words = sum(len(chunk.split()) for doc in docs for chunk in _chunks(doc))
     vocab = tok.get_vocab()
     boundary = sum(1 for m in _BOUNDARY_RUN.finditer(text) if m.group() not in vocab) \
@@ -745,12 +733,8 @@ def split_stats(tok: Tokenizer, docs: list[str], text: str, n_tokens: int, n_unk
 def train_steps(n_tokens: int, seq_len: int, stride: int, batch_size: int, epochs: float,
                 max_steps: Optional[int] = None) -> dict:
     """Optimiser steps of training on `n_tokens` train tokens, windows of ``seq_len + 1``
-    tokens every `stride` (the paper: 256 + 1, stride 128).
-
-    ``official``: the official trainer's count (``TextChunkDataset`` windows, a DataLoader
-    without ``drop_last``: ceil(windows / batch) steps per epoch, times the epochs);
-    ``loopscale``: loopscale's (full batches only: floor(windows / batch) per epoch, times
-    the epochs, rounded up; `max_steps` when given, as ``train.max_steps`` overrides the epochs)."""
+    tokens every `stride`: ``official`` (a DataLoader without ``drop_last``: ceil(windows /
+    batch) per epoch) and ``loopscale`` (full batches only; `max_steps` when given)."""
     windows = len(range(0, max(1, n_tokens - seq_len), stride))
     return {"seq_len": seq_len, "stride": stride, "batch_size": batch_size, "epochs": epochs, "max_steps": max_steps,
             "windows": windows, "official": int(math.ceil(windows / batch_size) * epochs),
