@@ -8,6 +8,7 @@ ids, ``meta.json``); readers `load_meta`, `load_split`, `load_tokenizer`; window
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib.util
 import json
@@ -273,13 +274,10 @@ def _load_text_files(cfg: DataConfig) -> dict[str, list[str]]:
             "test": _read_text_file("data.test_file", cfg.test_file, False, rows)}
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def hf_offline() -> bool:
     """Whether the user asked for Hugging Face offline mode (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE)."""
-    return _env_flag("HF_DATASETS_OFFLINE") or _env_flag("HF_HUB_OFFLINE")
+    return any(os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+               for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
 
 
 def hub_endpoint() -> str:
@@ -394,15 +392,11 @@ def _code_point_class(test: "re.Pattern[str]", exclude: "Optional[re.Pattern[str
     return "".join(f"\\x{{{a:X}}}" if a == b else f"\\x{{{a:X}}}-\\x{{{b:X}}}" for a, b in ranges)
 
 
-_PAPER_CLASSES: dict[str, str] = {}
-
-
+@functools.cache
 def _paper_classes() -> dict[str, str]:
     """Python's ``\\s`` and the characters ``re.findall(WORD_PATTERN)`` skips, built once."""
-    if not _PAPER_CLASSES:
-        _PAPER_CLASSES["space"] = _code_point_class(re.compile(r"\s"))
-        _PAPER_CLASSES["skipped"] = _code_point_class(re.compile(r"\w"), re.compile(r"[A-Za-z0-9_]"))
-    return _PAPER_CLASSES
+    return {"space": _code_point_class(re.compile(r"\s")),
+            "skipped": _code_point_class(re.compile(r"\w"), re.compile(r"[A-Za-z0-9_]"))}
 
 
 def paper_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
