@@ -613,10 +613,10 @@ def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True,
     tok = tokenizer or fit_tokenizer(cfg, corpus, show_progress=show_progress)
     if tokenizer is not None:
         check_tokenizer_ids(tokenizer)
-    if tok.get_vocab_size(with_added_tokens=True) > MAX_VOCAB:
-        raise DataError(f"the tokenizer has {tok.get_vocab_size(with_added_tokens=True)} ids: too many for uint16 token files")
-    tok_json = tok.to_str(pretty=True).encode("utf-8")
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
+    if vocab_size > MAX_VOCAB:
+        raise DataError(f"the tokenizer has {vocab_size} ids: too many for uint16 token files")
+    tok_json = tok.to_str(pretty=True).encode("utf-8")
     unk_id = unk_token_id(tok)
     split_hash = {s: hashlib.sha256(texts[s].encode("utf-8")).hexdigest() for s in SPLITS}
     source_hash = hashlib.sha256()

@@ -193,16 +193,14 @@ class ChunkStream:
         return chunks(docs, self.encode, self.seq_len, self.s.min_chars, self.s.text_key, r, w)
 
     def _next(self) -> list[int]:
-        try:
-            c = next(self._it)
-        except StopIteration:
+        c = next(self._it, None)  # chunks are lists, never None
+        if c is None:
             self.passes += 1
             self._it = self._open()
-            try:
-                c = next(self._it)
-            except StopIteration:
+            c = next(self._it, None)
+            if c is None:
                 raise ConfigError(f"the stream gives no chunk of seq_len+1 = {self.seq_len + 1} tokens "
-                                  f"(documents too short, or all filtered)") from None
+                                  f"(documents too short, or all filtered)")
         self.consumed += 1
         return c
 
