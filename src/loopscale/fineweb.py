@@ -11,12 +11,7 @@ exactly the chunks a rank already consumed (step-exact resume).
 
 The trainer that consumes it is `loopscale.train_stream` (`loopscale train-stream`); this
 module is data only, so `loopscale.data` can read the held-out head of the stream without
-importing the training code.
-
-Settings (`StreamConfig`, `--set stream.*`): `dataset`, `subset`, `data_files` (local parquet
-files in FineWeb's schema instead of the hub), `shuffle_buffer`, `min_chars`, `tokenizer` (a
-directory holding tokenizer.json, a tokenizer.json, or a hub name), `warmup_steps`, `min_lr`,
-`pure_bf16` (weights and optimiser state in bf16, as the official trainer keeps them).
+importing the training code. Its settings are `StreamConfig`'s (`--set stream.*`).
 """
 from __future__ import annotations
 
@@ -198,16 +193,14 @@ class ChunkStream:
         return chunks(docs, self.encode, self.seq_len, self.s.min_chars, self.s.text_key, r, w)
 
     def _next(self) -> list[int]:
-        try:
-            c = next(self._it)
-        except StopIteration:
+        c = next(self._it, None)  # chunks are lists, never None
+        if c is None:
             self.passes += 1
             self._it = self._open()
-            try:
-                c = next(self._it)
-            except StopIteration:
+            c = next(self._it, None)
+            if c is None:
                 raise ConfigError(f"the stream gives no chunk of seq_len+1 = {self.seq_len + 1} tokens "
-                                  f"(documents too short, or all filtered)") from None
+                                  f"(documents too short, or all filtered)")
         self.consumed += 1
         return c
 

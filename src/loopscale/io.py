@@ -84,10 +84,8 @@ def atomic_write(path: str | os.PathLike, write) -> Path:
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException as e:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         if isinstance(e, OSError) and e.errno and not e.filename:  # a failed write: name the file
             raise OSError(e.errno, e.strerror or os.strerror(e.errno), str(path)) from None
         raise
@@ -116,10 +114,8 @@ def run_lock(directory: str | os.PathLike, what: str):
             holder = ""
         raise RunLocked(f"{directory} is in use by {holder or 'another process'}; "
                         "wait for it to finish or stop it") from None
-    try:
+    with contextlib.suppress(OSError):  # the holder's name is only a courtesy (Windows may not share it)
         path.write_text(f"{what} (pid {os.getpid()})\n")
-    except OSError:  # the holder's name is only a courtesy (a lock file Windows will not share)
-        pass
     try:
         yield
     finally:

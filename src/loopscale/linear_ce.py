@@ -56,16 +56,32 @@ class _Blocks:
         return block if self.low is None else self.low[:block.shape[0]].copy_(block)
 
 
-def _ce_sum_no_grad(x, weight, targets, chunk):
-    """sum_i CE(x_i @ W.T, y_i) without autograd (evaluation): one [chunk, V] block at a time."""
+def _chunked_ce(x, weight, targets, chunk, need_x=False, need_w=False):
+    """sum_i CE(x_i @ W.T, y_i) one [chunk, V] block at a time, with the input and weight
+    gradients of that sum where asked (each block turned in place into softmax - onehot)."""
     acc = torch.promote_types(x.dtype, torch.float32)  # softmax in fp32 (fp64 stays fp64)
     total = torch.zeros((), dtype=acc, device=x.device)
+    grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device) if need_x else None
+    grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
     blocks, wt = _Blocks(x, weight, chunk, acc), weight.t()
     for s in range(0, x.shape[0], chunk):
-        logits = blocks.logits(x[s:s + chunk], wt)
-        tgt = logits.gather(1, targets[s:s + chunk, None]).squeeze(1)
-        total += (_softmax_rows_(logits)[1] - tgt).sum()
-    return total
+        xc, yc = x[s:s + chunk], targets[s:s + chunk, None]
+        logits = blocks.logits(xc, wt)
+        tgt = logits.gather(1, yc).squeeze(1)
+        sumexp, lse = _softmax_rows_(logits)
+        total += (lse - tgt).sum()
+        if not (need_x or need_w):  # evaluation: the loss only
+            continue
+        logits.div_(sumexp).scatter_add_(1, yc, logits.new_full(yc.shape, -1.0))  # softmax - onehot
+        g = blocks.cast(logits)
+        if need_x:
+            torch.mm(g, weight, out=grad_x[s:s + chunk])
+        if need_w:
+            if g.dtype == acc:
+                grad_w.addmm_(g.t(), xc)
+            else:
+                grad_w += (g.t() @ xc).to(acc)
+    return total, grad_x, grad_w
 
 
 class _ChunkedLinearCE(torch.autograd.Function):
@@ -80,31 +96,10 @@ class _ChunkedLinearCE(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, weight, targets, chunk):
-        n = x.shape[0]
-        need_x, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
-        acc = torch.promote_types(x.dtype, torch.float32)  # softmax in fp32 (fp64 stays fp64)
-        total = torch.zeros((), dtype=acc, device=x.device)
-        grad_x = torch.empty(x.shape, dtype=x.dtype, device=x.device) if need_x else None
-        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
-        blocks, wt = _Blocks(x, weight, chunk, acc), weight.t()
-        for s in range(0, n, chunk):
-            xc, yc = x[s:s + chunk], targets[s:s + chunk, None]
-            logits = blocks.logits(xc, wt)
-            tgt = logits.gather(1, yc).squeeze(1)
-            sumexp, lse = _softmax_rows_(logits)
-            total += (lse - tgt).sum()
-            logits.div_(sumexp).scatter_add_(1, yc, logits.new_full(yc.shape, -1.0))  # softmax - onehot
-            g = blocks.cast(logits)
-            if need_x:
-                torch.mm(g, weight, out=grad_x[s:s + chunk])
-            if need_w:
-                if g.dtype == acc:
-                    grad_w.addmm_(g.t(), xc)
-                else:
-                    grad_w += (g.t() @ xc).to(acc)
+        total, grad_x, grad_w = _chunked_ce(x, weight, targets, chunk, *ctx.needs_input_grad[:2])
         ctx.save_for_backward(grad_x, grad_w)
-        ctx.n, ctx.w_dtype = n, weight.dtype
-        return total / n
+        ctx.n, ctx.w_dtype = x.shape[0], weight.dtype
+        return total / ctx.n
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -131,4 +126,4 @@ def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.T
     with torch.autocast(x.device.type, enabled=False):
         if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad):
             return _ChunkedLinearCE.apply(x, weight, targets, chunk_tokens)
-        return _ce_sum_no_grad(x, weight, targets, chunk_tokens) / x.shape[0]
+        return _chunked_ce(x, weight, targets, chunk_tokens)[0] / x.shape[0]

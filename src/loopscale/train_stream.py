@@ -71,11 +71,8 @@ def check_val_data(val_data: str | Path, tok, vocab_size: int, where: str) -> No
 
 
 class Stream(BatchSource):
-    """The batches of a streamed corpus (a `loopscale.train.BatchSource`): each
-    rank reads its share of the chunks of stream `s`, `train.batch_size / world` windows of
-    seq_len+1 tokens a step; a checkpoint records how many chunks every rank consumed, and a
-    resumed stream skips exactly those. Validation (optional) on a prepared data directory of
-    the same tokenizer."""
+    """The batches of a streamed corpus (a `loopscale.train.BatchSource`): each rank reads its
+    share of the chunks of stream `s`, resumed exactly; optional validation on prepared data."""
 
     def __init__(self, s: StreamConfig, cfg: RunConfig, val_data: Optional[str | Path] = None):
         tc, mc = cfg.train, cfg.model
@@ -119,15 +116,10 @@ def train_stream(cfg: RunConfig, s: StreamConfig, out_dir: str | Path, *, val_da
                  resume: bool = True, drop_stale_state: bool = False, progress: bool = True) -> dict:
     """Train `cfg` on the stream `s` for train.max_steps optimiser steps into `out_dir`
     (`loopscale.train.fit`: metrics.jsonl, state.pt with the chunks every rank consumed,
-    model.pt, the artifact files, summary.json). SIGTERM raises `rundir.Preempted` once the
-    state is saved; calling this again resumes from it exactly (the same batches, dropout
-    masks and learning rates).
-
-    The run directory is handled as `loopscale train` handles its own (`rundir.run_directory`):
-    locked for the duration, and a finished run of these settings (config and stream) is
-    returned as it is, one of other settings refused, unless `resume` is False.
-    `drop_stale_state`: a state.pt of other settings (config or stream) is deleted, once the
-    directory is locked, instead of refused."""
+    model.pt, the artifact files, summary.json); calling this again after a SIGTERM
+    (`rundir.Preempted`) resumes exactly. The run directory is handled as `loopscale train`'s
+    (`rundir.run_directory`); `drop_stale_state`: a state.pt of other settings is deleted
+    instead of refused."""
     tc = cfg.train
     if not tc.max_steps:
         raise ConfigError("train.max_steps is required for a streamed run (a stream has no epochs)")
