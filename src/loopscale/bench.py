@@ -1,32 +1,6 @@
-"""`loopscale bench`: training and evaluation speed, FLOP/s, MFU and memory of one config.
-
-  loopscale bench --preset cpu [--set k=v ...] [--steps N] [--warmup N] [--out FILE.json] [--compile]
-
-Everything runs on random token batches (no corpus needed), with exactly the training step
-of `loopscale train` (forward, objective, backward, clipping, the divergence check, AdamW).
-
-Measured:
-  peak        the machine's matmul peak: a large square matmul in the training dtype
-              (fp32 2048^3 on CPU, bf16 8192^3 on CUDA), best and median of timed repetitions
-  train       tokens/s = batch tokens / median step time after warm-up; model FLOP/s with the
-              FLOP count stated (forward + backward = 3x the forward matmul FLOPs; the shared
-              stack counted once per loop, the vocabulary head once per readout that enters
-              the loss; recomputation is never credited); MFU = model FLOP/s / measured peak.
-              On CPU also per CPU-second (process CPU time / threads), which a busy shared
-              machine does not distort the way it distorts the wall clock
-  eval        teacher-forced evaluation tokens/s at every depth k = 1..K (k loops + one
-              final readout with its CE), fp32, dropout off, median of timed batches
-  memory      peak memory above what was held before, of one training step and of the
-              objective alone (K exits' CE, forward + backward, on K leaf states), each in a
-              fresh subprocess, warmed up with a 1-sequence step so that gradients, optimiser
-              state and thread pools already exist: CPU peak RSS (VmHWM, reset just before via
-              /proc/self/clear_refs; glibc told to return freed blocks so RSS follows the live
-              tensors), CUDA max_memory_allocated; the configured objective.ce_impl=chunked
-              against ce_impl=plain (K full [tokens, vocab] logit tensors through F.cross_entropy)
-
-Beyond the model presets, `--preset` takes the benchmark-only shapes of config.BENCH_PRESETS
-(next to MODEL_PRESETS): `paper-cpu` is the paper's architecture scaled to fit a CPU (d 256,
-4 layers, 4 heads of 64, SwiGLU 1024, vocabulary 8192, seq 256, batch 16, K 4, per-loop CE).
+"""`loopscale bench`: training and evaluation speed, FLOP/s, MFU and memory of one config,
+on random token batches with exactly the training step of `loopscale train`. What is
+measured and how (peak, train, eval, memory; the `paper-cpu` shape): docs/performance.md.
 """
 from __future__ import annotations
 

@@ -1,27 +1,6 @@
-"""Evaluation and diagnostics of one trained run: the paper's diagnostics, defined in
-docs/diagnostics.md.
-
-Every diagnostic reads one trained model file (`<run>/model.pt`) and its prepared data
-directory, evaluates on the validation split in fp32 with dropout off, and writes one JSON
-file (atomically). Sizes come from the run's stored `eval` config, overridable per call.
-
-  depth       CE/PPL/‖H_k‖ of every exit k=1..K of a full pass, and of every depth
-              k=1..depth_factor·K read with the final readout (truncated/extended loop)
-  throughput  tokens/s of teacher-forced evaluation at each depth (k loops + one readout)
-  norms       ‖H_k‖ per loop and the per-token distribution (+ histogram) of ‖H_K‖
-  radial      radial gradient fraction cos²(∂CE_k/∂H_k, H_k) per exit (visibility lemma)
-  lemma       radial increment, angular update and their product over many loops (activity lemma),
-              in L2 units and in the paper's units (per-token RMS scale; Table 12)
-  clamp       inference-time scale clamps (remove_radial, freeze_loop1 as the official release
-              defines them; remove_radial_from_embedding): ΔCE, relative PPL per exit
-  scale       CE/PPL of the final readout of α·H_K for α = 0.1 … 10 (scale sensitivity)
-  halting     calibrated post-hoc exit policies and the real dynamic-depth speed-up (halting.py)
-
-Command line (loopscale.cli.eval): `loopscale eval <diagnostic> --model RUN/model.pt --data DATA --out FILE.json`
-(and `loopscale eval all ... --outdir DIR [--only D1,D2]`, the model loaded once: the
-pipeline's one evaluation job per run). A run whose RUN/summary.json says training failed
-gets status "failed" results, a diverged model "diverged" ones, without evaluating.
-Definitions: docs/diagnostics.md.
+"""Evaluation and diagnostics of one trained run: depth, throughput, norms, radial, lemma,
+clamp, scale (halting: halting.py), each written as one JSON file by `run_diagnostic` /
+`run_all` (`loopscale eval`). Definitions and payloads: docs/diagnostics.md.
 """
 from __future__ import annotations
 

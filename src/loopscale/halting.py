@@ -1,35 +1,9 @@
-"""Calibrated post-hoc halting: when may a looped LM stop looping?
+"""Calibrated post-hoc halting (paper Sec. 5): when may a looped LM stop looping?
 
-Every exit k = 1..K of a full pass is read out (the exit readouts the model was trained
-with), and three confidence scores are computed per token from exit k's logits z:
-
-  max_prob   max_v softmax(z)_v
-  margin     z_top1 − z_top2                       (logit margin)
-  entropy    1 − H(softmax z) / log V              (normalised-entropy confidence, 1 = certain)
-
-A policy exits at the first loop k < K whose confidence reaches a threshold τ (else at K):
-  sequence   per window: the window's mean token confidence decides; all its tokens use exit k
-  token      per token: each token takes the first exit whose confidence passes; its loss is that
-             exit's CE (post hoc only: a causal model cannot skip loops for single tokens)
-
-τ is calibrated on the first half of the halting windows: among the observed confidence
-quantiles (and "never exit early"), the one reaching PPL ≤ (1+ε)·PPL_full with the fewest mean
-loops. It is then reported on the disjoint second half. For the sequence policy the model is
-also run for real with dynamic depth (finished sequences leave the batch) and timed against
-full-depth execution on the same second half.
-
-Beside it, `paper` is the paper's own protocol (Table 8 and the early-exit curves; the
-official `src/eval/adaptive_halt_benchmark.py` and `src/eval/early_exit_curve.py`), on all
-the halting windows:
-
-  curve       fixed exits k = 1..K and, per policy and granularity, the sweep of thresholds
-              {min − 1e-6} ∪ PAPER_CURVE_THRESHOLDS quantiles of the early-exit confidences
-              ∪ {max + 1e-6}; a unit's CE is its summed token CE, PPL = exp(ΣCE / Σtokens)
-  calibrated  per policy (sequence granularity): the threshold among PAPER_HALT_THRESHOLDS
-              quantiles reaching PPL ≤ (1+ε)·PPL_K with the fewest mean loops (ties: the lowest
-              threshold), calibrated *in sample*: the benchmark runs on the same windows. Its
-              fixed-depth baseline computes every exit's logits (as the paper's full forward
-              does) and is timed against the real dynamic-depth execution.
+Every exit's per-token confidences (max_prob, margin, entropy); thresholds calibrated on one
+half of the halting windows and reported on the other (sequence and token policies); the real
+dynamic-depth run timed against full depth; and beside it `paper`, the paper's own protocol
+(Table 8 and the early-exit curves). Definitions: docs/diagnostics.md, "halting".
 """
 from __future__ import annotations
 

@@ -1,35 +1,10 @@
 """The looped language model, in one file: one `LoopedLM` whose architecture is settings.
 
-One shared stack of decoder blocks is applied K times. After loop k the hidden state H_k is
-both *read out* (logits_k = head(r(H_k))) and *fed back* as the input of loop k+1. Two choices
-decide the paper's story:
-
-  readout r(·)   rmsnorm | layernorm  scale-invariant: r(αH) = r(H), the loss cannot see ‖H‖
-                 raw                  r(H) = H: the loss sees the scale
-                 final_norm           final-only norm: raw at exits 1..K-1, RMSNorm at exit K
-                 alpha_readout        s_ref^(1-α)·s^α·H/s, s = RMS(H) (loopscale.readouts)
-                 tapernorm            gate·RMSNorm(H) + (1-gate)·c·H·w, gate 1 -> 0 in training
-                 final_raw | final_alpha | per_loop_alpha   the Ouro track's (Appendix B)
-  recurrence     residual             H_k feeds loop k+1 as is (paper default)
-                 inter_loop_norm      RMSNorm(H_k) feeds loop k+1 (scale removed from the loop)
-                 spectral_damping     σ(a)·H_k feeds loop k+1 (a learned scalar)
-
-An optional exit gate (model.exit_gate; the adaptive loss reads it) maps H_k (or r(H_k)) to the
-logit of exiting at loop k. The readouts are entries of loopscale.registry.READOUTS (each names
-the architectures it applies to); the norms they are made of are modules of loopscale.readouts.
-
-The rest of the network is an `Architecture`, a named entry of `ARCHITECTURES` (`model.arch`):
-
-  looped  the paper's setup (Section 3): learned absolute positions added once, pre-norm
-          blocks, no biases, SwiGLU MLP, LM head tied to the token embedding, dropout on the
-          embedding sum, the attention probabilities and the SwiGLU output, PyTorch default
-          initialisation (so token embeddings are N(0, 1)).
-  ouro    ByteDance's published Ouro (Appendix B): rotary positions, grouped key/value heads,
-          sandwich-norm blocks (a norm before and after attention and the MLP), RMSNorm in fp32,
-          an untied head, one step norm that is both the inter-loop norm and the readout at the
-          exits k < K (so model.recurrence is not read), an exit gate on r(H_k) always present.
-          Its published parameter names map to ours in `to_published` / `from_published`, so
-          its state dicts keep those names.
+One shared stack of decoder blocks is applied K times; after loop k the state H_k is both read
+out (logits_k = head(r(H_k)); the readouts: loopscale.registry.READOUTS) and fed back through
+the recurrence. The rest of the network is an `Architecture` of `ARCHITECTURES` (`looped`, the
+paper's Section 3 setup; `ouro`, Appendix B). The readout and architecture tables:
+docs/architecture.md, "Inside the core modules".
 """
 from __future__ import annotations
 

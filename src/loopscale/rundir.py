@@ -1,26 +1,6 @@
-"""The run directory of a trainer: its lock, its resumable state, preemption, and the finished run.
-
-A trainer (`loopscale train`, `loopscale train-stream`; the loop is `loopscale.train.fit`)
-works inside `run_directory`: the directory is created and locked for the duration (a second
-trainer on it is refused before anything in it is touched), temporary files of a killed write
-are removed, and a finished run of the same settings is returned as it is instead of being
-trained again (one of other settings is refused). Around the loop:
-
-  state.pt      the resumable state (model, optimiser, every rank's RNG, step): `load_state`
-                reads it back when the settings match (`same_settings`), `drop_stale` deletes
-                one of other settings
-  preemption    `SigtermFlag` turns SIGTERM (SLURM's warning before a time limit) into a last
-                state.pt and `Preempted` (exit 143); `stop_with_parent` does the same when the
-                launching process dies
-  outputs       `invalidate_outputs` removes what an earlier run of the directory finished
-                before this one trains; `keep_finished` gives a finished model.pt and
-                summary.json second names, from which `restore_finished` puts them back after
-                Snakemake deleted them as "incomplete"
-  failures      `record_failure` writes a crashed run's summary ("failed"); `lost_peer` tells a
-                lost torchrun peer (the job's failure, retried) from the run's own error
-
-The run record (loopscale.json: config, provenance, data identity) and the artifact files are
-written by `loopscale.artifacts`, which also loads them (`loopscale.load`).
+"""The run directory of a trainer: its lock, its resumable state, preemption, and the finished run
+(`run_directory`, `load_state`, `SigtermFlag`, `keep_finished` / `restore_finished`,
+`record_failure`). An overview: docs/architecture.md, "Inside the core modules".
 """
 from __future__ import annotations
 

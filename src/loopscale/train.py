@@ -1,32 +1,8 @@
-"""The one training loop, `fit`: AdamW over a batch source and a learning-rate schedule,
-resumable, crash-safe.
-
-A batch source is a small class with one interface (`BatchSource`): `TokenFiles` reads a prepared
-data directory (`loopscale train`, constant learning rate), `loopscale.train_stream.Stream` a
-streamed corpus (`loopscale train-stream`, Appendix B's cosine schedule). `LoopSettings` holds
-what the two entry points run differently. Files written into the run directory:
-  loopscale.json  the run record: resolved config, provenance (package, git commit, torch,
-                  device) and the data's identity (a streamed run: its stream settings)
-  metrics.jsonl   one JSON record every `log_every` steps (+ validation records)
-  state.pt        resumable state every `ckpt_every` steps and on SIGTERM
-                  (model, optimiser, RNG, step, a stream's position); removed once the run is finished
-  model.pt        final weights + config (+ status), what the evaluations read; like state.pt
-                  it records its weights' content hash (verified on load) and the data's identity
-  model.safetensors, config.json (Hugging Face), modeling_loopscale.py, tokenizer.json,
-  tokenizer_config.json, special_tokens_map.json
-                  the run as a self-contained artifact (artifacts.py, `loopscale.load`, loopscale.hf)
-  summary.json    status (completed | diverged), steps, tokens, final validation, wall time
-  tensorboard/, wandb/   the same curves, with train.tensorboard / train.wandb
-
-The batch of a step does not depend on where training (re)started (token files: the data order
-is a function of (seed, epoch); a stream resumes after the chunks it consumed), so a resumed run
-sees exactly the batches an uninterrupted one would, and with the RNG state restored it computes
-the same losses bit for bit on CPU.
-
-Launched by torchrun, the same loop trains data-parallel (loopscale.distributed; DDP, or FSDP
-with train.fsdp): each rank computes on its share of the same global batch, rank 0 alone writes
-the files above (state.pt holds every rank's RNG state), and SIGTERM or a non-finite value on
-any rank stops every rank at the same step.
+"""The one training loop, `fit`: AdamW over a batch source (`BatchSource`: `TokenFiles` or
+`loopscale.train_stream.Stream`) and a learning-rate schedule, resumable, crash-safe, and
+data-parallel under torchrun (rank 0 alone writes files). A resumed run sees exactly the
+batches an uninterrupted one would. The files of a run directory: docs/architecture.md,
+"Inside the core modules".
 """
 from __future__ import annotations
 
