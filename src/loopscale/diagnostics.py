@@ -166,23 +166,20 @@ def radial_stats(model: LoopedLM, h: torch.Tensor, y: torch.Tensor, final: bool,
 def radial(run: EvalRun) -> tuple[dict, int]:
     """Radial gradient fraction per exit k: mean_t cos²(∂CE_k/∂H_k, H_k), and the signed mean cosine."""
     K, model = run.K, run.model
-    cos_sum = torch.zeros(K, dtype=torch.float64)
-    cos2_sum = torch.zeros(K, dtype=torch.float64)
-    abs_sum = torch.zeros(K, dtype=torch.float64)
+    sums = torch.zeros(3, K, dtype=torch.float64)  # rows: cos, cos², |cos|
     n = 0
     for x, y in batches(run, windows(run, run.ecfg.radial_tokens), "radial"):
         with torch.no_grad():
             states = model(x)
         for k, h in enumerate(states):
             cos, cos2 = radial_stats(model, h, y, final=k == K - 1, k=k + 1)
-            cos_sum[k] += cos.sum().cpu()
-            cos2_sum[k] += cos2.sum().cpu()
-            abs_sum[k] += cos.abs().sum().cpu()
+            sums[:, k] += torch.stack([cos.sum(), cos2.sum(), cos.abs().sum()]).cpu()
         n += y.numel()
 
     spec = READOUTS[run.cfg.model.readout]
-    loops = [{"k": k + 1, "readout": spec.norm_at(k + 1, K), "radial_fraction": float(cos2_sum[k] / n),
-              "mean_cos": float(cos_sum[k] / n), "mean_abs_cos": float(abs_sum[k] / n)} for k in range(K)]
+    mean_cos, frac, mean_abs = (sums / n).tolist()
+    loops = [{"k": k + 1, "readout": spec.norm_at(k + 1, K), "radial_fraction": frac[k],
+              "mean_cos": mean_cos[k], "mean_abs_cos": mean_abs[k]} for k in range(K)]
     return {"k_train": K, "loops": loops}, n
 
 
@@ -200,11 +197,8 @@ def lemma(run: EvalRun) -> tuple[dict, int]:
     first-order radial increment <u_k, H_{k+1}−H_k> (a channel sum), angular step ‖u_{k+1}−u_k‖
     and the b_⊥ estimate ‖u_{k+1}−u_k‖·s_k. H_k is the state after loop k before the recurrence."""
     L = run.ecfg.lemma_loops
-    s_sum = torch.zeros(L, dtype=torch.float64)
-    inc_sum = torch.zeros(L - 1, dtype=torch.float64)
-    rel_sum = torch.zeros(L - 1, dtype=torch.float64)
-    ang_sum = torch.zeros(L - 1, dtype=torch.float64)
-    prod_sum = torch.zeros(L - 1, dtype=torch.float64)
+    # rows: s, radial increment, relative increment, angular update, angular x s (transitions: 0..L-2)
+    l2 = torch.zeros(5, L, dtype=torch.float64)
     paper = torch.zeros(4, L, dtype=torch.float64)  # rows: s (RMS), radial increment, angular step, b_perp
     n = 0
     for x, _ in batches(run, windows(run, run.ecfg.lemma_tokens), "lemma"):
@@ -216,29 +210,25 @@ def lemma(run: EvalRun) -> tuple[dict, int]:
             u = h64 / s.clamp_min(_TINY)[:, None]
             r = h64.pow(2).mean(-1).sqrt().clamp_min(_RMS_FLOOR_LEMMA)  # paper units
             v = h64 / r[:, None]
-            s_sum[k] += s.sum().cpu()
+            l2[0, k] += s.sum().cpu()
             paper[0, k] += r.sum().cpu()
             if prev is not None:
                 prev_h, prev_s, prev_u, prev_r, prev_v = prev
-                ang = (u - prev_u).norm(dim=-1)
-                inc_sum[k - 1] += (s - prev_s).sum().cpu()
-                rel_sum[k - 1] += ((s - prev_s) / prev_s.clamp_min(_TINY)).sum().cpu()
-                ang_sum[k - 1] += ang.sum().cpu()
-                prod_sum[k - 1] += (ang * prev_s).sum().cpu()
-                step = (v - prev_v).norm(dim=-1)
-                paper[1, k - 1] += (prev_v * (h64 - prev_h)).sum(-1).sum().cpu()
-                paper[2, k - 1] += step.sum().cpu()
-                paper[3, k - 1] += (step * prev_r).sum().cpu()
+                ang, step = (u - prev_u).norm(dim=-1), (v - prev_v).norm(dim=-1)
+                l2[1:, k - 1] += torch.stack([(s - prev_s).sum(), ((s - prev_s) / prev_s.clamp_min(_TINY)).sum(),
+                                              ang.sum(), (ang * prev_s).sum()]).cpu()
+                paper[1:, k - 1] += torch.stack([(prev_v * (h64 - prev_h)).sum(-1).sum(), step.sum(),
+                                                 (step * prev_r).sum()]).cpu()
             prev = (h64, s, u, r, v)
         n += x.numel()
     loops, paper_loops = [], []
-    paper = (paper / n).tolist()
+    l2, paper = (l2 / n).tolist(), (paper / n).tolist()
     for k in range(L):
-        row = {"k": k + 1, "scale": float(s_sum[k] / n)}
+        row = {"k": k + 1, "scale": l2[0][k]}
         prow = {"k": k + 1, "s": paper[0][k]}
         if k < L - 1:  # transition k -> k+1
-            row.update(radial_increment=float(inc_sum[k] / n), relative_increment=float(rel_sum[k] / n),
-                       angular_update=float(ang_sum[k] / n), angular_times_scale=float(prod_sum[k] / n))
+            row.update(radial_increment=l2[1][k], relative_increment=l2[2][k], angular_update=l2[3][k],
+                       angular_times_scale=l2[4][k])
             prow.update(radial_increment=paper[1][k], angular_step=paper[2][k], b_perp_estimate=paper[3][k])
         loops.append(row)
         paper_loops.append(prow)
@@ -330,27 +320,20 @@ def clamp(run: EvalRun) -> tuple[dict, int]:
     modes = {}
     n = 0
     for mode in CLAMP_MODES:
-        ce_sum = torch.zeros(K, dtype=torch.float64)
-        norm_sum = torch.zeros(K, dtype=torch.float64)
-        rms_sum = torch.zeros(K, dtype=torch.float64)
+        sums = torch.zeros(3, K, dtype=torch.float64)  # rows: token sums of CE, ‖H_k‖, RMS(H_k)
         log: dict = {}
         n = 0
         for x, y in batches(run, starts, f"clamp {mode}"):
             states = model(x, state_fn=_recording(clamp_fn(mode), log))
             for k, h in enumerate(states):
                 ce = linear_cross_entropy(model.readout(h, k == K - 1, k=k + 1), model.head_weight, y)
-                ce_sum[k] += ce.double().cpu() * y.numel()
-                norm_sum[k] += token_norms(h).sum().cpu()
-                rms_sum[k] += token_rms(h).double().sum().cpu()
+                sums[:, k] += torch.stack([ce.double() * y.numel(), token_norms(h).sum(),
+                                           token_rms(h).double().sum()]).cpu()
             n += y.numel()
-        rows = []
-        for k in range(K):
-            ce = float(ce_sum[k] / n)
-            rad, rad_abs, upd = (log[k + 1] / n).tolist()
-            rows.append({"k": k + 1, "ce": ce, "ppl": ppl(ce), "norm": float(norm_sum[k] / n),
-                         "norm_rms": float(rms_sum[k] / n),
-                         "radial_update": rad, "abs_radial_update": rad_abs, "update_norm": upd})
-        modes[mode] = rows
+        ces, nrm, rms = (sums / n).tolist()
+        modes[mode] = [{"k": k + 1, "ce": ces[k], "ppl": ppl(ces[k]), "norm": nrm[k], "norm_rms": rms[k],
+                        **dict(zip(("radial_update", "abs_radial_update", "update_norm"), (log[k + 1] / n).tolist()))}
+                       for k in range(K)]
     summary = {}
     for mode in CLAMP_MODES:
         for row, base in zip(modes[mode], modes["none"]):

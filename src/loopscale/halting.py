@@ -51,16 +51,10 @@ def collect(run: EvalRun, starts: np.ndarray) -> tuple[np.ndarray, dict]:
     K, T, model = run.K, run.seq_len, run.model
     ce_all, conf_all = [], {p: [] for p in POLICIES}
     for x, y in batches(run, starts, "halting"):
-        states = model(x)
-        ce_k, conf_k = [], {p: [] for p in POLICIES}
-        for k, h in enumerate(states):
-            ce, conf = exit_token_stats(model, h, y, final=k == K - 1, k=k + 1)
-            ce_k.append(ce.view(-1, T))
-            for p in POLICIES:
-                conf_k[p].append(conf[p].view(-1, T))
-        ce_all.append(torch.stack(ce_k, -1).double().cpu())
+        stats = [exit_token_stats(model, h, y, final=k == K - 1, k=k + 1) for k, h in enumerate(model(x))]
+        ce_all.append(torch.stack([ce.view(-1, T) for ce, _ in stats], -1).double().cpu())
         for p in POLICIES:
-            conf_all[p].append(torch.stack(conf_k[p], -1).double().cpu())
+            conf_all[p].append(torch.stack([conf[p].view(-1, T) for _, conf in stats], -1).double().cpu())
     return torch.cat(ce_all).numpy(), {p: torch.cat(v).numpy() for p, v in conf_all.items()}
 
 
@@ -214,10 +208,7 @@ def paper_protocol(run: EvalRun, ce: np.ndarray, conf: dict, starts: np.ndarray)
     calibrated = {p: {"policy": p, "official_policy": PAPER_POLICY[p],
                       **paper_calibrate(unit_ce, tokens, paper_units(ce, conf[p], "sequence")[2], target)}
                   for p in POLICIES}
-    data = []
-    for i in range(0, len(starts), e.batch_size):
-        x, y = D.get_batch(run.tokens, starts[i:i + e.batch_size], run.seq_len)
-        data.append((x.to(run.device), y.to(run.device)))
+    data = _device_batches(run, starts)
     variants = {ALL_EXITS: (ALL_EXITS, None),
                 **{p: (p, c["threshold"], "paper") for p, c in calibrated.items() if math.isfinite(c["threshold"])}}
     for spec in variants.values():  # warm-up: one batch of each execution
@@ -261,11 +252,7 @@ def dynamic_batch(model, x: torch.Tensor, y: torch.Tensor, policy: Optional[str]
             if k < K:
                 h_in = model.feed(h, k)
                 continue
-            hr = model.readout(h, True).reshape(-1, h.shape[-1])
-            yf = y.reshape(-1)
-            for s in range(0, hr.shape[0], _CHUNK):
-                z = F.linear(hr[s:s + _CHUNK], model.head_weight).float()
-                ce_sum += F.cross_entropy(z, yf[s:s + _CHUNK], reduction="sum").double()
+            _add_exit_ce(ce_sum, model, h, y, True)
             loops += K * y.numel()
             break
         ce, conf = exit_token_stats(model, h, y, final=False, k=k)
@@ -286,16 +273,28 @@ def all_exits_batch(model, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tens
     """The paper's fixed-depth baseline: a full K-loop pass that reads out every exit (as the
     official forward computes all_logits), scored at exit K. Returns (Σ token CE, Σ token loops)."""
     K = model.cfg.n_loops
-    states = model(x)
-    yf = y.reshape(-1)
     ce_sum = torch.zeros((), dtype=torch.float64, device=x.device)
-    for k, h in enumerate(states):
-        hr = model.readout(h, k == K - 1, k=k + 1).reshape(-1, h.shape[-1])
-        for s in range(0, hr.shape[0], _CHUNK):
-            z = F.linear(hr[s:s + _CHUNK], model.head_weight).float()
-            if k == K - 1:
-                ce_sum += F.cross_entropy(z, yf[s:s + _CHUNK], reduction="sum").double()
+    for k, h in enumerate(model(x)):
+        _add_exit_ce(ce_sum, model, h, y, k == K - 1, k + 1, score=k == K - 1)
     return ce_sum, torch.tensor(float(K * y.numel()), dtype=torch.float64, device=x.device)
+
+
+def _add_exit_ce(ce_sum: torch.Tensor, model, h: torch.Tensor, y: torch.Tensor, final: bool,
+                 k: Optional[int] = None, score: bool = True) -> None:
+    """Add one exit's token CE to `ce_sum` (float64, in place), its logits computed chunk by
+    chunk; `score=False` computes the logits alone (the paper's baseline reads out every exit)."""
+    hr, yf = model.readout(h, final, k=k).reshape(-1, h.shape[-1]), y.reshape(-1)
+    for s in range(0, hr.shape[0], _CHUNK):
+        z = F.linear(hr[s:s + _CHUNK], model.head_weight).float()
+        if score:
+            ce_sum += F.cross_entropy(z, yf[s:s + _CHUNK], reduction="sum").double()
+
+
+def _device_batches(run: EvalRun, starts: np.ndarray) -> list:
+    """The batches of the windows `starts`, loaded onto the device before any timing."""
+    bs = run.ecfg.batch_size
+    cpu = [D.get_batch(run.tokens, starts[i:i + bs], run.seq_len) for i in range(0, len(starts), bs)]
+    return [(x.to(run.device), y.to(run.device)) for x, y in cpu]
 
 
 def _execute(model, x, y, policy, tau, protocol: str = "held_out"):
@@ -351,12 +350,7 @@ def halting(run: EvalRun) -> tuple[dict, int]:
                 **{part: _report(ce[sl], conf[p][sl], tau, g, e.halting_epsilon) for part, sl in parts.items()}}
 
     # real dynamic depth on the test windows (sequence policy), timed against full depth
-    test_starts = starts[n_cal:]
-    bs = e.batch_size
-    data = []
-    for i in range(0, len(test_starts), bs):
-        x, y = D.get_batch(run.tokens, test_starts[i:i + bs], run.seq_len)
-        data.append((x.to(run.device), y.to(run.device)))
+    data = _device_batches(run, starts[n_cal:])
     early = {p: policies[f"{p}/sequence"]["threshold"] for p in POLICIES}
     variants = {"full_depth": (None, None), **{p: (p, tau) for p, tau in early.items() if tau is not None}}
     for policy, tau in variants.values():  # warm-up: one batch of each execution
@@ -365,18 +359,15 @@ def halting(run: EvalRun) -> tuple[dict, int]:
     full_s, full_ce, _ = timed["full_depth"]
     dynamic = {"full_depth": {"time_s": full_s, "ppl": ppl(full_ce), "mean_loops": float(K)}}
     for p in POLICIES:
-        pol = policies[f"{p}/sequence"]
-        if p in timed:
-            dt, dce, dloops = timed[p]
-        else:  # never exits early: the dynamic execution is the full-depth one
-            dt, dce, dloops = full_s, full_ce, float(K)
+        # never exits early (not timed): the dynamic execution is the full-depth one
+        dt, dce, dloops = timed.get(p, (full_s, full_ce, float(K)))
         dynamic[p] = {"threshold": early[p], "time_s": dt, "speedup": full_s / dt if dt > 0 else None,
                       "mean_loops": dloops, "ppl": ppl(dce), "ppl_ratio": ppl(dce) / ppl(full_ce),
-                      "posthoc_ppl": pol["test"]["ppl"]}
+                      "posthoc_ppl": policies[f"{p}/sequence"]["test"]["ppl"]}
     payload = {"k_train": K, "epsilon": e.halting_epsilon, "target_ppl_ratio": 1 + e.halting_epsilon,
                "windows": {"calib": n_cal, "test": len(starts) - n_cal}, "seq_len": run.seq_len,
                "tokens_per_part": {"calib": n_cal * run.seq_len, "test": (len(starts) - n_cal) * run.seq_len},
                "static_exits": static, "policies": policies,
-               "dynamic": {"batch_size": bs, "granularity": "sequence", **dynamic},
+               "dynamic": {"batch_size": e.batch_size, "granularity": "sequence", **dynamic},
                "paper": paper_protocol(run, ce, conf, starts)}
     return payload, len(starts) * run.seq_len
