@@ -394,15 +394,15 @@ def profile_step(tr: Trainer, top: int = 25) -> dict:
     with profile(activities=acts) as prof:
         tr.step(x, y)
         sync(tr.device)
-    key = "self_cuda_time_total" if tr.device.type == "cuda" else "self_cpu_time_total"
-    ev = sorted(prof.key_averages(), key=lambda e: getattr(e, key.replace("cuda", "device"), 0) or getattr(e, key, 0),
-                reverse=True)
-    total = sum(getattr(e, "self_device_time_total" if tr.device.type == "cuda" else "self_cpu_time_total", 0)
-                for e in prof.key_averages())
-    rows = []
-    for e in ev[:top]:
-        t = getattr(e, "self_device_time_total" if tr.device.type == "cuda" else "self_cpu_time_total", 0)
-        rows.append({"op": e.key, "calls": e.count, "self_ms": t / 1e3, "share": t / max(total, 1)})
+    cuda = tr.device.type == "cuda"
+    attr = "self_device_time_total" if cuda else "self_cpu_time_total"
+    events = prof.key_averages()
+    total = sum(getattr(e, attr, 0) for e in events)
+    # sorted by self time (older torch: self_cuda_time_total where self_device_time_total is 0)
+    fallback = "self_cuda_time_total" if cuda else attr
+    ev = sorted(events, key=lambda e: getattr(e, attr, 0) or getattr(e, fallback, 0), reverse=True)
+    rows = [{"op": e.key, "calls": e.count, "self_ms": getattr(e, attr, 0) / 1e3,
+             "share": getattr(e, attr, 0) / max(total, 1)} for e in ev[:top]]
     return {"total_self_ms": total / 1e3, "top": rows}
 
 
@@ -413,10 +413,8 @@ def run_bench(cfg: RunConfig, *, steps: int = 5, warmup: int = 2, compile: bool 
               eval_warmup: int = 1, memory: bool = True, do_eval: bool = True, profile: bool = False,
               threads: int | None = None, device: str | None = None, checkpoint: bool = False, log=print) -> dict:
     dev = resolve_device(device or cfg.train.device)
-    if threads:
-        torch.set_num_threads(threads)
-    elif cfg.train.threads > 0:
-        torch.set_num_threads(cfg.train.threads)
+    if (threads or cfg.train.threads) > 0:
+        torch.set_num_threads(threads or cfg.train.threads)
     enable_tf32(dev)
     result = {"config": cfg.to_dict(), "params": count_params(cfg.model), "env": environment(dev)}
     peak_dtype = torch.bfloat16 if uses_bf16(dev, cfg.train.precision) else torch.float32

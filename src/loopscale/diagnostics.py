@@ -332,8 +332,8 @@ def clamp(run: EvalRun) -> tuple[dict, int]:
             n += y.numel()
         ces, nrm, rms = (sums / n).tolist()
         modes[mode] = [{"k": k + 1, "ce": ces[k], "ppl": ppl(ces[k]), "norm": nrm[k], "norm_rms": rms[k],
-                        **dict(zip(("radial_update", "abs_radial_update", "update_norm"), (log[k + 1] / n).tolist()))}
-                       for k in range(K)]
+                        **dict(zip(("radial_update", "abs_radial_update", "update_norm"),
+                                   (log[k + 1] / n).tolist()))} for k in range(K)]
     summary = {}
     for mode in CLAMP_MODES:
         for row, base in zip(modes[mode], modes["none"]):

@@ -93,17 +93,15 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv = cfg.n_heads, cfg.n_kv_heads or cfg.n_heads
         self.head_dim = cfg.d_model // cfg.n_heads
         self.theta = cfg.rope_theta if architecture(cfg).positions == "rope" else None
-        self.sizes = [self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim]
+        self.sizes = _qkv_sizes(cfg)
         self.qkv = nn.Linear(cfg.d_model, sum(self.sizes), bias=False)  # rows: q, then k, then v
         self.proj = nn.Linear(self.n_heads * self.head_dim, cfg.d_model, bias=False)
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         B, T, _ = x.shape
-        q, k, v = self.qkv(x).split(self.sizes, dim=-1)
-        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        k = k.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
-        v = v.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        q, k, v = (t.view(B, T, n, self.head_dim).transpose(1, 2)  # [B, heads, T, head_dim]
+                   for t, n in zip(self.qkv(x).split(self.sizes, dim=-1), (self.n_heads, self.n_kv, self.n_kv)))
         past = 0 if cache is None else len(cache)
         if self.theta is not None:
             q, k = rope(q, past, self.theta), rope(k, past, self.theta)
@@ -373,11 +371,14 @@ _PUBLISHED_TOP = {"tok_emb.": "model.embed_tokens.", "final_readout.": "model.al
                   "exit_gate.": "model.early_exit_gate.", "lm_head.": "lm_head."}
 
 
+def _qkv_sizes(cfg: ModelConfig) -> list[int]:
+    """Widths of q, k and v in the fused projection (k, v: n_kv_heads heads)."""
+    hd = cfg.d_model // cfg.n_heads
+    return [cfg.n_heads * hd, (cfg.n_kv_heads or cfg.n_heads) * hd, (cfg.n_kv_heads or cfg.n_heads) * hd]
+
+
 def _split_sizes(name: str, t: torch.Tensor, cfg: ModelConfig) -> list[int]:
-    if name == "attn.qkv.weight":
-        hd = cfg.d_model // cfg.n_heads
-        return [cfg.n_heads * hd, (cfg.n_kv_heads or cfg.n_heads) * hd, (cfg.n_kv_heads or cfg.n_heads) * hd]
-    return [t.shape[0] // 2, t.shape[0] // 2]
+    return _qkv_sizes(cfg) if name == "attn.qkv.weight" else [t.shape[0] // 2, t.shape[0] // 2]
 
 
 def to_published(state: dict, cfg: ModelConfig) -> dict:
@@ -420,10 +421,8 @@ def from_published(state: dict, cfg: ModelConfig) -> dict:
                 continue
             old = next((o for o in inverse_block if rest.startswith(o)), None)
             out[f"blocks.{i}." + inverse_block[old] + rest[len(old):] if old else k] = v
-        elif k.startswith("model.norm."):
-            out["readout_norm." + k[len("model.norm."):]] = v
-        elif k.startswith("model.alpha_readouts."):
-            out["readout_norm." + k[len("model.alpha_readouts."):]] = v
+        elif k.startswith(("model.norm.", "model.alpha_readouts.")):  # the step norm(s) or alpha readouts
+            out["readout_norm." + k.split(".", 2)[2]] = v
         else:
             old = next((o for o in inverse_top if k.startswith(o)), None)
             out[inverse_top[old] + k[len(old):] if old else k] = v
