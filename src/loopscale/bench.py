@@ -100,9 +100,6 @@ def bench_config(name: str | None, overrides: dict | None = None) -> RunConfig:
     return RunConfig.from_dict(d)
 
 
-# ---------------------------------------------------------------------------
-# FLOPs
-# ---------------------------------------------------------------------------
 def flop_count(cfg: RunConfig) -> dict:
     """Model FLOPs of one training token and how they are counted."""
     m = cfg.model
@@ -117,9 +114,6 @@ def flop_count(cfg: RunConfig) -> dict:
                      "chunked CE adds no recomputation")}
 
 
-# ---------------------------------------------------------------------------
-# matmul peak
-# ---------------------------------------------------------------------------
 def matmul_peak(device: torch.device, dtype: torch.dtype, n: int | None = None, reps: int = 10,
                 warmup: int = 3) -> dict:
     """FLOP/s of an n x n x n matmul in `dtype`: best and median of `reps` timed runs."""
@@ -382,9 +376,6 @@ def memory_comparison(cfg: RunConfig, device: torch.device, threads: int | None 
     return out
 
 
-# ---------------------------------------------------------------------------
-# profile
-# ---------------------------------------------------------------------------
 def profile_step(tr: Trainer, top: int = 25) -> dict:
     """Top operators (self time) of one training step, via torch.profiler."""
     from torch.profiler import ProfilerActivity, profile

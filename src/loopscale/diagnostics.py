@@ -33,17 +33,11 @@ _RMS_FLOOR = 1e-8  # per-token RMS floor of the official clamp script
 _RMS_FLOOR_LEMMA = 1e-9  # ... and of the official lemma2_verification.py
 
 
-# ---------------------------------------------------------------------------
-# shared pieces
-# ---------------------------------------------------------------------------
 def token_norms(h: torch.Tensor) -> torch.Tensor:
     """Per-token L2 norm over channels, float64, flattened over batch and positions."""
     return h.detach().double().norm(dim=-1).reshape(-1)
 
 
-# ---------------------------------------------------------------------------
-# depth
-# ---------------------------------------------------------------------------
 def depth(run: EvalRun) -> tuple[dict, int]:
     """Exits of a full K-loop pass, and every depth k=1..depth_factor·K read with the final readout.
 
@@ -65,9 +59,6 @@ def depth(run: EvalRun) -> tuple[dict, int]:
     return {"k_train": K, "depth_factor": e.depth_factor, "exits": rows(ex, K), "depth": rows(deep, kmax)}, deep["tokens"]
 
 
-# ---------------------------------------------------------------------------
-# throughput
-# ---------------------------------------------------------------------------
 @torch.inference_mode()
 def throughput(run: EvalRun) -> tuple[dict, int]:
     """Tokens/s of teacher-forced evaluation running exactly k loops + one final readout (CE).
@@ -78,11 +69,9 @@ def throughput(run: EvalRun) -> tuple[dict, int]:
     starts = windows(run, 0)
     n = e.throughput_warmup + e.throughput_batches
     bs = min(e.batch_size, len(starts))
-    data = []
-    for i in range(n):  # cycle through the validation windows
-        idx = (np.arange(bs) + i * bs) % len(starts)
-        x, y = D.get_batch(run.tokens, starts[idx], run.seq_len)
-        data.append((x.to(dev), y.to(dev)))
+    cpu = [D.get_batch(run.tokens, starts[(np.arange(bs) + i * bs) % len(starts)], run.seq_len)
+           for i in range(n)]  # cycling through the validation windows
+    data = [(x.to(dev), y.to(dev)) for x, y in cpu]
     kmax = e.depth_factor * run.K
     rows = []
     for k in tqdm(range(1, kmax + 1), desc="throughput", disable=not run.progress, leave=False):
@@ -188,14 +177,10 @@ def radial(run: EvalRun) -> tuple[dict, int]:
 # ---------------------------------------------------------------------------
 @torch.inference_mode()
 def lemma(run: EvalRun) -> tuple[dict, int]:
-    """The activity lemma (paper Lemma 2) over `lemma_loops` loops, per token, in two unit systems.
-
-    L2 units (`loops`): s_k = ‖H_k‖, u_k = H_k/s_k; mean s_k, radial increment s_{k+1}−s_k,
-    angular update ‖u_{k+1}−u_k‖ and ‖u_{k+1}−u_k‖·s_k.
-    The paper's units (`paper_units`, Table 12; the release's src/eval/lemma2_verification.py):
-    s_k = RMS(H_k) (floored at 1e-9), u_k = H_k/s_k the unit-RMS direction (‖u‖ = √d); mean s_k,
-    first-order radial increment <u_k, H_{k+1}−H_k> (a channel sum), angular step ‖u_{k+1}−u_k‖
-    and the b_⊥ estimate ‖u_{k+1}−u_k‖·s_k. H_k is the state after loop k before the recurrence."""
+    """The activity lemma (paper Lemma 2) over `lemma_loops` loops, per token, in L2 units
+    (`loops`: s_k = ‖H_k‖) and in the paper's (`paper_units`, Table 12: s_k = RMS(H_k), as the
+    release's lemma2_verification.py); H_k is the state after loop k, before the recurrence.
+    Definitions: docs/diagnostics.md, "lemma"."""
     L = run.ecfg.lemma_loops
     # rows: s, radial increment, relative increment, angular update, angular x s (transitions: 0..L-2)
     l2 = torch.zeros(5, L, dtype=torch.float64)
@@ -251,20 +236,10 @@ def token_rms(h: torch.Tensor) -> torch.Tensor:
 
 
 def clamp_fn(mode: str) -> Optional[Callable]:
-    """The `state_fn(k, x_in, h)` of LoopedLM.forward implementing an inference-time clamp.
-
-    The official clamps (src/eval/radial_clamp_intervention.py of the release; claim (g)):
-      remove_radial  loop 1 untouched; for k ≥ 2, with p the previous loop's (clamped) state
-                     H_{k-1} before the recurrence (inter-loop norm, damping), Δ = h − p and
-                     u = p/rms(p): h ← h − mean_c(u·Δ)·u, i.e. h − <Δ, p̂>p̂ (the update's
-                     component along the previous state's direction removed)
-      freeze_loop1   loop 1 untouched; for k ≥ 2: h ← h · rms(H_1)/rms(h) per token (RMS over
-                     channels, floored at 1e-8): every state keeps loop 1's per-token RMS
-    loopscale's earlier variant, outside claim (g):
-      remove_radial_from_embedding  every loop, loop 1 included, against the loop's input
-                     x_in (the embedding at loop 1, the fed state — normalised under the
-                     inter-loop norm — after): h ← x_in + Δ − <Δ, x̂_in>x̂_in, Δ = h − x_in
-    The closures keep the previous state of the current pass (reset at k = 1)."""
+    """The `state_fn(k, x_in, h)` of LoopedLM.forward implementing an inference-time clamp:
+    the official remove_radial and freeze_loop1 (the release's radial_clamp_intervention.py,
+    claim (g)) and loopscale's remove_radial_from_embedding; defined in docs/diagnostics.md,
+    "clamp". The closures keep the previous state of the current pass (reset at k = 1)."""
     if mode == "none":
         return None
     prev: dict = {}
@@ -347,9 +322,6 @@ def clamp(run: EvalRun) -> tuple[dict, int]:
     return {"k_train": K, "official_modes": list(OFFICIAL_CLAMP_MODES), "modes": modes, "summary": summary}, n
 
 
-# ---------------------------------------------------------------------------
-# scale sensitivity
-# ---------------------------------------------------------------------------
 @torch.inference_mode()
 def scale(run: EvalRun) -> tuple[dict, int]:
     """CE/PPL of the final readout of α·H_K for every α of SCALE_ALPHAS (the official
@@ -384,8 +356,7 @@ RUNNERS: dict[str, Callable[[EvalRun], tuple[dict, int]]] = {
 
 def evaluate_diagnostic(name: str, run: EvalRun) -> dict:
     """The result dict of one diagnostic (header + payload); a diverged model is not evaluated."""
-    if name not in RUNNERS:
-        raise ConfigError(f"unknown diagnostic {name!r}; choose one of {', '.join(DIAGNOSTICS)}")
+    _check_names([name])
     if run.status == "diverged":
         return {**header(name, run, 0), "note": "the model diverged in training; nothing was evaluated"}
     t0 = time.time()

@@ -292,11 +292,10 @@ class LoopedLM(nn.Module):
 
     # -- training ---------------------------------------------------------------
     def set_objective(self, objective) -> None:
-        """Training calls this before wrapping the model for data parallelism: the exit gate
-        of an architecture that always has one (Ouro) is trained only under a loss that reads
-        it (registry.GATED_LOSSES); otherwise its
-        weights become constants (buffers, saved under the same names), as DDP refuses
-        parameters that get no gradient."""
+        """Training calls this before wrapping the model for data parallelism: an always-present
+        exit gate (Ouro's) is trained only under a loss that reads it (registry.GATED_LOSSES);
+        otherwise its weights become buffers of the same names, as DDP refuses parameters that
+        get no gradient."""
         if self.exit_gate is None or not self.arch.always_gated or getattr(objective, "loss", None) in GATED_LOSSES:
             return
         for name, p in list(self.exit_gate.named_parameters(recurse=False)):

@@ -10,6 +10,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import threading
 import time
@@ -179,7 +180,6 @@ def record_failure(cfg: RunConfig, out_dir: str | Path, error: BaseException) ->
     return summary
 
 
-
 def result_fingerprint(cfg: RunConfig | dict, stream: dict | None = None) -> str:
     """Hash of the settings a finished run's files depend on (not eval, threads, device, ...);
     with `stream` (a streamed run's StreamConfig as a dict, `loopscale train-stream`) those too."""
@@ -285,19 +285,14 @@ def invalidate_outputs(out: Path, fresh: bool) -> None:
     with contextlib.suppress(OSError):
         (out / "eval").rmdir()  # only when empty: it may hold files that are not ours
     if fresh:
-        if (out / "tensorboard").is_dir():
-            import shutil
-            shutil.rmtree(out / "tensorboard", ignore_errors=True)
+        shutil.rmtree(out / "tensorboard", ignore_errors=True)  # nothing there: a no-op
 
 
 def drop_stale(run_dir: str | Path, cfg: RunConfig, extra: dict | None = None) -> bool:
-    """Delete RUN/state.pt when it was written with other training settings than `cfg` (and,
-    for a streamed run, other `extra` entries, e.g. {"stream": ...}): a settings change makes it
-    useless; resuming it would raise. Used by `loopscale train --drop-stale-state` and
-    `loopscale train-stream --drop-stale-state` (the pipeline's training jobs), inside the run
-    lock (run_directory), so a running trainer's state.pt is never touched.
-
-    Returns True when it was deleted."""
+    """Delete RUN/state.pt when it was written with other training settings than `cfg` (or
+    other `extra` entries, e.g. {"stream": ...}): resuming it would raise. `--drop-stale-state`
+    calls it inside the run lock, so a running trainer's state.pt is never touched. True when
+    it was deleted."""
     state = Path(run_dir) / "state.pt"
     if not state.exists():
         return False
@@ -316,15 +311,12 @@ def drop_stale(run_dir: str | Path, cfg: RunConfig, extra: dict | None = None) -
 def run_directory(out_dir: str | Path, what: str, fingerprint: str, *, resume: bool,
                   legacy: Callable[[dict], bool] | None = None,
                   drop_stale: Callable[[Path], object] | None = None) -> Iterator[dict | None]:
-    """The run directory of a trainer (`loopscale train`, `loopscale train-stream`), created
-    and locked for the duration of the block (a second trainer on it is refused with one line,
-    before anything in it is touched); leftovers of a killed run are removed first. Yields the
-    summary of the finished run of these settings (`fingerprint`, see result_fingerprint) that
-    the directory holds, which the trainer returns instead of training, or None: the trainer
-    trains (resuming its state.pt). A finished run of other settings is refused (CheckpointError);
-    `resume=False` (--no-resume) trains over whatever the directory holds. `drop_stale`
-    (--drop-stale-state) is called on the directory once it is locked: it may delete a state.pt
-    of other settings, never one a running trainer is writing."""
+    """The run directory of a trainer, created and locked for the duration of the block (a
+    second trainer is refused with one line, before anything is touched), leftovers of a killed
+    run removed. Yields the summary of the finished run of these settings (`fingerprint`) that
+    it holds, which the trainer returns instead of training, or None (train, resuming state.pt).
+    A finished run of other settings is refused (CheckpointError); `resume=False` trains over
+    it. `drop_stale` (--drop-stale-state) is called once the directory is locked."""
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)

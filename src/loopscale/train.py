@@ -50,8 +50,7 @@ def build(cfg: RunConfig, device: torch.device, *, compile: bool | None = None, 
     if dtype is not None:
         model = model.to(dtype)
     model.checkpoint_blocks = tc.activation_checkpointing if checkpoint is None else checkpoint
-    if hasattr(model, "set_objective"):  # parameters only some objectives train (Ouro's exit gate)
-        model.set_objective(cfg.objective)
+    model.set_objective(cfg.objective)  # parameters only some objectives train (Ouro's exit gate)
     net = DD.wrap(model, dd, tc.fsdp)  # before the optimiser: FSDP replaces the parameters
     opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay,
                             fused=fused and device.type == "cuda" and not (dd.enabled and tc.fsdp))
@@ -94,20 +93,11 @@ def train_step(model: LoopedLM, fwd, opt: torch.optim.Optimizer, x: torch.Tensor
                dd: DD.Dist = DD.Dist(), guard: LastFinite | None = None) -> StepOutput:
     """One optimiser step: forward under autocast, the objective, backward, gradient clipping,
     the divergence check, AdamW. A non-finite loss, gradient or norm is caught before the
-    update, so a diverged update never lands (one host synchronisation per step). With a
-    `guard` (training passes one) the weights after the update are checked too, and a step
-    that made any of them non-finite is undone.
-
-    `fwd` runs the forward pass (the model, its compiled or a data-parallel wrapper); `model`
-    gives the readout and head the objective reads. `all_exits` also measures the exits that
-    are not in the loss (for logging).
-
-    Data-parallel (`dd` of a torchrun job): x, y are this rank's share of the global batch;
-    the gradients are averaged over the ranks, and the divergence check is agreed by all of
-    them (one all-reduce), so every rank updates or stops at the same step. The returned
-    loss values are this rank's (`global_mean` gives the global batch's). With
-    train.grad_accum > 1, x, y are split into that many micro-batches, their gradients
-    summed before one update (reduced across ranks once, after the last)."""
+    update (one host synchronisation); with a `guard` a step that left any weight non-finite
+    is undone. `fwd` runs the forward pass, `model` gives the readout and head; `all_exits`
+    also measures the exits outside the loss. x, y are this rank's share of the global batch,
+    split into train.grad_accum micro-batches; the check is agreed by every rank (one
+    all-reduce); the loss values returned are this rank's (`global_mean`: the global batch's)."""
     parts = cfg.train.grad_accum
     opt.zero_grad(set_to_none=True)
     res = None
@@ -241,13 +231,10 @@ class LoopSettings:
 # ---------------------------------------------------------------------------
 def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: bool = True,
           progress: bool = True, drop_stale_state: bool = False) -> dict:
-    """Train one run on a prepared data directory; returns the summary dict (also written to
-    summary.json).
-
-    The run directory is locked for the duration (a second trainer on it is refused);
-    leftovers of a killed run are removed first; a finished run of these settings is
-    returned as it is (run_directory). `drop_stale_state`: a state.pt of other settings is
-    deleted (training starts over) instead of refused."""
+    """Train one run on a prepared data directory in the locked run directory `out_dir`
+    (rundir.run_directory: a finished run of these settings is returned as it is); returns the
+    summary (summary.json). `drop_stale_state`: a state.pt of other settings is deleted
+    (training starts over) instead of refused."""
     fp = result_fingerprint(cfg)
     with run_directory(out_dir, "loopscale train", fp, resume=resume,
                        legacy=lambda summary: summary.get("config_fingerprint") == cfg.fingerprint(),
@@ -259,12 +246,10 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
 
 def fit(cfg: RunConfig, source: BatchSource, out: Path, fingerprint: str, *, lr: Optional[Callable[[int], float]] = None,
         resume: bool = True, progress: bool = True, settings: LoopSettings = LoopSettings()) -> dict:
-    """Train `cfg` on the batches of `source` into the run directory
-    `out`, locked by the caller (rundir.run_directory), and return the summary (summary.json).
-    `lr(step)`: the learning rate of the 1-based optimiser step (default: train.lr throughout);
-    `fingerprint`: the run's result fingerprint (rundir.result_fingerprint); `resume`: continue
-    from a state.pt of the same settings (else start over); `progress`: a progress bar on a
-    terminal."""
+    """Train `cfg` on the batches of `source` into the run directory `out` (locked by the
+    caller, rundir.run_directory) and return the summary (summary.json). `lr(step)`: the rate
+    of the 1-based optimiser step (default: train.lr); `fingerprint`: rundir.result_fingerprint;
+    `resume`: continue from a state.pt of the same settings; `progress`: a bar on a terminal."""
     t0, tc = time.time(), cfg.train
     if tc.threads > 0:
         torch.set_num_threads(tc.threads)
