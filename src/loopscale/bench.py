@@ -4,6 +4,7 @@ measured and how (peak, train, eval, memory; the `paper-cpu` shape): docs/perfor
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -28,13 +29,10 @@ from .train import build, train_step
 # small helpers
 # ---------------------------------------------------------------------------
 def _proc_status_kib(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
     return None
 
 
@@ -64,13 +62,10 @@ def reset_max_rss() -> bool:
 
 
 def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
 
 
@@ -79,10 +74,8 @@ def environment(device: torch.device) -> dict:
     env = {"torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
            "device": str(device), "threads": torch.get_num_threads(), "cpu": cpu_name(),
            "cpu_count": os.cpu_count(), "git_commit": git_commit()}
-    try:
+    with contextlib.suppress(OSError):
         env["load_average_1m"] = os.getloadavg()[0]
-    except OSError:
-        pass
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
     return env
@@ -119,8 +112,7 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, n: int | None = None, 
     """FLOP/s of an n x n x n matmul in `dtype`: best and median of `reps` timed runs."""
     n = n or (8192 if device.type == "cuda" else 2048)
     g = torch.Generator(device="cpu").manual_seed(0)
-    a = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
-    b = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
+    a, b = (torch.randn(n, n, generator=g).to(device=device, dtype=dtype) for _ in range(2))
     out = torch.empty(n, n, device=device, dtype=dtype)
     for _ in range(warmup):
         torch.mm(a, b, out=out)
@@ -210,9 +202,6 @@ def bench_train(cfg: RunConfig, device: torch.device, steps: int, warmup: int, c
     return out, tr
 
 
-# ---------------------------------------------------------------------------
-# evaluation throughput per depth
-# ---------------------------------------------------------------------------
 @torch.inference_mode()
 def bench_eval(cfg: RunConfig, model: torch.nn.Module, device: torch.device, batches: int, warmup: int,
                fwd=None) -> dict:

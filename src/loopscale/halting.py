@@ -211,8 +211,6 @@ def paper_protocol(run: EvalRun, ce: np.ndarray, conf: dict, starts: np.ndarray)
     data = _device_batches(run, starts)
     variants = {ALL_EXITS: (ALL_EXITS, None),
                 **{p: (p, c["threshold"], "paper") for p, c in calibrated.items() if math.isfinite(c["threshold"])}}
-    for spec in variants.values():  # warm-up: one batch of each execution
-        _execute(run.model, *data[0], *spec)
     timed = timed_passes(run, data, variants)
     n_tok = int(tokens.sum())
     fixed_s, fixed_ce, _ = timed[ALL_EXITS]
@@ -305,12 +303,15 @@ def _execute(model, x, y, policy, tau, protocol: str = "held_out"):
 
 
 def timed_passes(run: EvalRun, data: list, variants: dict) -> dict:
-    """Time several executions of the same pre-loaded batches, interleaved batch by batch (so
-    a change in machine load hits all of them alike). variants: {name: (policy, τ[, protocol])};
+    """Time several executions of the same pre-loaded batches, after one untimed warm-up batch
+    of each, interleaved batch by batch (so a change in machine load hits all of them alike).
+    variants: {name: (policy, τ[, protocol])};
     policy ALL_EXITS is the paper's fixed-depth baseline (every exit read out), protocol
     "paper" its window confidence.
     Returns {name: (seconds, mean CE, mean loops)}."""
     model, dev = run.model, run.device
+    for spec in variants.values():  # warm-up: one batch of each execution
+        _execute(model, *data[0], *spec)
     secs = {v: 0.0 for v in variants}
     ce_sum = {v: torch.zeros((), dtype=torch.float64, device=dev) for v in variants}
     loops = {v: torch.zeros((), dtype=torch.float64, device=dev) for v in variants}
@@ -353,8 +354,6 @@ def halting(run: EvalRun) -> tuple[dict, int]:
     data = _device_batches(run, starts[n_cal:])
     early = {p: policies[f"{p}/sequence"]["threshold"] for p in POLICIES}
     variants = {"full_depth": (None, None), **{p: (p, tau) for p, tau in early.items() if tau is not None}}
-    for policy, tau in variants.values():  # warm-up: one batch of each execution
-        dynamic_batch(run.model, *data[0], policy, tau)
     timed = timed_passes(run, data, variants)
     full_s, full_ce, _ = timed["full_depth"]
     dynamic = {"full_depth": {"time_s": full_s, "ppl": ppl(full_ce), "mean_loops": float(K)}}

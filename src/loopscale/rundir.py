@@ -166,10 +166,8 @@ def record_failure(cfg: RunConfig, out_dir: str | Path, error: BaseException) ->
                "steps": None, "config_fingerprint": cfg.fingerprint()}
     state = Path(out_dir) / "state.pt"
     if state.exists():
-        try:
+        with contextlib.suppress(CheckpointError):
             summary["steps"] = load_checkpoint(state)["step"]
-        except CheckpointError:
-            pass
     atomic_torch_save(Path(out_dir) / "model.pt", {"status": "failed", "config": cfg.to_dict(),
                                                    "error": summary["error"]})
     from .artifacts import WEIGHTS
