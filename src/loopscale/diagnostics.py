@@ -172,9 +172,6 @@ def radial(run: EvalRun) -> tuple[dict, int]:
     return {"k_train": K, "loops": loops}, n
 
 
-# ---------------------------------------------------------------------------
-# activity lemma
-# ---------------------------------------------------------------------------
 @torch.inference_mode()
 def lemma(run: EvalRun) -> tuple[dict, int]:
     """The activity lemma (paper Lemma 2) over `lemma_loops` loops, per token, in L2 units
