@@ -146,9 +146,8 @@ class Trainer:
     def batch(self, batch_size: int | None = None, generator: torch.Generator | None = None):
         B = batch_size or self.cfg.train.batch_size
         V, T = self.cfg.model.vocab_size, self.cfg.model.seq_len
-        x = torch.randint(0, V, (B, T), generator=generator)
-        y = torch.randint(0, V, (B, T), generator=generator)
-        return x.to(self.device), y.to(self.device)
+        return tuple(torch.randint(0, V, (B, T), generator=generator).to(self.device)
+                     for _ in range(2))
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
         if not train_step(self.model, self.fwd, self.opt, x, y, self.cfg, self.device).finite:
@@ -260,12 +259,8 @@ def _peak_of(fn, device: torch.device) -> dict:
 
 
 def step_memory(cfg: RunConfig, device: torch.device, checkpoint: bool = False) -> dict:
-    """Peak memory of one training step of `cfg` above the memory held before it.
-
-    Warm-up with one sequence first: creates gradients, AdamW state, thread pools and kernels
-    at negligible activation memory. CUDA: exact allocator statistics. CPU: the peak resident
-    set (VmHWM, reset before the step where Linux allows, else the high-water mark of this
-    process so far: run it in a fresh process, see `measure_memory`)."""
+    """Peak memory of one training step of `cfg` above the memory held before it, after a
+    one-sequence warm-up step (docs/performance.md, "Memory"; on CPU: see `measure_memory`)."""
     tr = Trainer(cfg, device, compile=False, checkpoint=checkpoint)
     tr.step(*tr.batch(1, torch.Generator().manual_seed(3)))
     x, y = tr.batch(generator=torch.Generator().manual_seed(4))
@@ -285,16 +280,15 @@ def ce_memory(cfg: RunConfig, device: torch.device) -> dict:
         states = [torch.randn(batch, m.seq_len, m.d_model, generator=g).to(device).requires_grad_(True)
                   for _ in range(m.n_loops)]
         y = torch.randint(0, m.vocab_size, (batch, m.seq_len), generator=g).to(device)
-        return lambda: _ce_step(tr, states, y)
+
+        def step():
+            with autocast(device, cfg.train.precision):
+                res = compute_loss(tr.model, states, y, cfg.objective, all_exits=False)
+            res.total.backward()
+        return step
 
     run(1)()  # warm-up
     return _peak_of(run(B), device)
-
-
-def _ce_step(tr: Trainer, states, y) -> None:
-    with autocast(tr.device, tr.cfg.train.precision):
-        res = compute_loss(tr.model, states, y, tr.cfg.objective, all_exits=False)
-    res.total.backward()
 
 
 def step_memory_inprocess(cfg: RunConfig, device: torch.device, ce_impl: str | None = None,

@@ -81,9 +81,8 @@ def throughput(run: EvalRun) -> tuple[dict, int]:
             t0 = time.perf_counter()
             depth_ce(model, x, y, k)
             sync(dev)
-            dt = time.perf_counter() - t0
             if i >= e.throughput_warmup:
-                times.append(dt)
+                times.append(time.perf_counter() - t0)
         med = statistics.median(times)
         rows.append({"k": k, "tokens_per_s": bs * run.seq_len / med, "median_s": med, "min_s": min(times),
                      "max_s": max(times), "flops_per_token": flops_per_token(run.cfg.model, k, 1)})

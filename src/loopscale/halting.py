@@ -231,15 +231,13 @@ def paper_protocol(run: EvalRun, ce: np.ndarray, conf: dict, starts: np.ndarray)
 @torch.inference_mode()
 def dynamic_batch(model, x: torch.Tensor, y: torch.Tensor, policy: Optional[str], tau: Optional[float],
                   paper: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run one batch loop by loop; after loop k < K, windows whose mean confidence is >= τ
-    leave the batch and are scored at exit k. Returns (sum of token CE, sum of token loops)
-    as device tensors. policy=None (or τ=None) runs full depth with one final readout.
-    `paper`: the window confidence of the paper's protocol (float32, paper_window_score)."""
+    """One batch at dynamic depth (docs/diagnostics.md, `dynamic`): (Σ token CE, Σ token loops)
+    as device tensors; policy=None (or τ=None): full depth, one final readout; `paper`: the
+    window confidence of the paper's protocol (paper_window_score)."""
     K = model.cfg.n_loops
     T = x.shape[1]
     h_in = model.embed(x)
-    ce_sum = torch.zeros((), dtype=torch.float64, device=x.device)
-    loops = torch.zeros((), dtype=torch.float64, device=x.device)
+    ce_sum, loops = (torch.zeros((), dtype=torch.float64, device=x.device) for _ in range(2))
     for k in range(1, K + 1):
         h = model.loop(h_in)
         if k == K or policy is None or tau is None:
@@ -299,18 +297,14 @@ def _execute(model, x, y, policy, tau, protocol: str = "held_out"):
 
 
 def timed_passes(run: EvalRun, data: list, variants: dict) -> dict:
-    """Time several executions of the same pre-loaded batches, after one untimed warm-up batch
-    of each, interleaved batch by batch (so a change in machine load hits all of them alike).
-    variants: {name: (policy, τ[, protocol])};
-    policy ALL_EXITS is the paper's fixed-depth baseline (every exit read out), protocol
-    "paper" its window confidence.
-    Returns {name: (seconds, mean CE, mean loops)}."""
+    """Time the executions `variants` ({name: (policy, τ[, protocol])}; policy ALL_EXITS: the
+    paper's baseline, protocol "paper": its window confidence) interleaved on the same batches
+    (docs/diagnostics.md, "halting"). Returns {name: (seconds, mean CE, mean loops)}."""
     model, dev = run.model, run.device
     for spec in variants.values():  # warm-up: one batch of each execution
         _execute(model, *data[0], *spec)
     secs = {v: 0.0 for v in variants}
-    ce_sum = {v: torch.zeros((), dtype=torch.float64, device=dev) for v in variants}
-    loops = {v: torch.zeros((), dtype=torch.float64, device=dev) for v in variants}
+    sums = {v: torch.zeros(2, dtype=torch.float64, device=dev) for v in variants}  # CE, loops
     for x, y in data:
         for v, spec in variants.items():
             sync(dev)
@@ -318,10 +312,9 @@ def timed_passes(run: EvalRun, data: list, variants: dict) -> dict:
             c, l = _execute(model, x, y, *spec)
             sync(dev)
             secs[v] += time.perf_counter() - t0
-            ce_sum[v] += c
-            loops[v] += l
+            sums[v] += torch.stack([c, l])
     n = sum(y.numel() for _, y in data)
-    return {v: (secs[v], float(ce_sum[v]) / n, float(loops[v]) / n) for v in variants}
+    return {v: (secs[v], float(sums[v][0]) / n, float(sums[v][1]) / n) for v in variants}
 
 
 def halting(run: EvalRun) -> tuple[dict, int]:

@@ -111,8 +111,7 @@ class Attention(nn.Module):
             if past and T > 1:  # query i sits at position past + i
                 mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
         if self.n_kv != self.n_heads:
-            k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
-            v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
+            k, v = (t.repeat_interleave(self.n_heads // self.n_kv, dim=1) for t in (k, v))
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=past == 0,
                                            dropout_p=self.dropout if self.training else 0.0)
         return self.proj(y.transpose(1, 2).reshape(B, T, -1))
@@ -447,14 +446,7 @@ def _load_published(module: LoopedLM, state: dict, prefix: str, local_metadata, 
 # sizes and cost
 def flops_per_token(cfg: ModelConfig, n_loops: int | None = None, n_readouts: int | None = None) -> int:
     """Forward matmul FLOPs per token (2 per multiply-add) of any architecture: the shared stack
-    once per loop, the vocabulary head (tied or not: one d x V product) once per readout.
-
-    Per layer: the q and output projections (d x d each), the k and v projections (d x
-    n_kv_heads·head_dim each: smaller under grouped-query attention), the SwiGLU (3·d·d_ff), and
-    attention at seq_len T, causal, so on average T/2 keys per query: QK^T and AV, each T/2·d
-    multiply-adds whatever the key/value grouping (every query head reads its keys). Per loop,
-    the exit gate's d-wide dot product where the model has one. Not counted: embeddings and
-    position tables, RoPE's rotation, norms, softmax, the alpha readouts' scalings."""
+    once per loop, the vocabulary head once per readout (what is counted: docs/performance.md)."""
     K = cfg.n_loops if n_loops is None else n_loops
     R = K if n_readouts is None else n_readouts
     T, d, f = cfg.seq_len, cfg.d_model, cfg.d_ff

@@ -272,12 +272,8 @@ def restore_finished(out: Path, fingerprint: str) -> bool:
 
 
 def invalidate_outputs(out: Path, fresh: bool) -> None:
-    """Before training starts or resumes, remove what an earlier run of this directory left:
-    a run that trains is unfinished, so every finished-run file there is another run's (a
-    retrain with new settings, --no-resume, a resumed state after a kill), and must never sit
-    beside the new loopscale.json looking "completed" (a kill or SIGTERM mid-run). Only the named
-    files go (summary.json and the Hugging Face config.json, which marks a complete artifact,
-    first); a fresh start also drops tensorboard/."""
+    """Before training starts or resumes, remove the finished-run files an earlier run of this
+    directory left (docs/architecture.md, `rundir.py`); a fresh start also drops tensorboard/."""
     for p in [*(out / k for k in KEPT.values()), *run_outputs(out)]:
         p.unlink(missing_ok=True)
     with contextlib.suppress(OSError):

@@ -91,13 +91,9 @@ class StepOutput:
 def train_step(model: LoopedLM, fwd, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
                cfg: RunConfig, device: torch.device, *, all_exits: bool = False,
                dd: DD.Dist = DD.Dist(), guard: LastFinite | None = None) -> StepOutput:
-    """One optimiser step: forward under autocast, the objective, backward, gradient clipping,
-    the divergence check, AdamW. A non-finite loss, gradient or norm is caught before the
-    update (one host synchronisation); with a `guard` a step that left any weight non-finite
-    is undone. `fwd` runs the forward pass, `model` gives the readout and head; `all_exits`
-    also measures the exits outside the loss. x, y are this rank's share of the global batch,
-    split into train.grad_accum micro-batches; the check is agreed by every rank (one
-    all-reduce); the loss values returned are this rank's (`global_mean`: the global batch's)."""
+    """One optimiser step (docs/architecture.md, `train.py`): `fwd` runs the forward pass,
+    `model` gives the readout and head; `all_exits` also measures the exits outside the loss;
+    with a `guard` a step that left any weight non-finite is undone."""
     parts = cfg.train.grad_accum
     opt.zero_grad(set_to_none=True)
     res = None
@@ -112,15 +108,14 @@ def train_step(model: LoopedLM, fwd, opt: torch.optim.Optimizer, x: torch.Tensor
         res = _scale(res, 1 / parts)
     gnorm = DD.full_tensor(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip))
     bad = ~(torch.isfinite(res.total) & torch.isfinite(gnorm) & torch.isfinite(res.norms).all())
-    if guard is None:
-        finite = not bool(DD.any_true(bad, dd))
-        if finite:
-            opt.step()
-        return StepOutput(res, gnorm, finite)
-    guard.save()
-    opt.step()
-    finite = not bool(DD.any_true(bad | ~guard.finite(), dd))  # still one synchronisation
-    if not finite:
+    if guard is not None:  # step first, then check the weights too: still one synchronisation
+        guard.save()
+        opt.step()
+        bad = bad | ~guard.finite()
+    finite = not bool(DD.any_true(bad, dd))
+    if guard is None and finite:
+        opt.step()
+    elif guard is not None and not finite:
         guard.restore()
     return StepOutput(res, gnorm, finite)
 
