@@ -39,12 +39,8 @@ def token_norms(h: torch.Tensor) -> torch.Tensor:
 
 
 def depth(run: EvalRun) -> tuple[dict, int]:
-    """Exits of a full K-loop pass, and every depth k=1..depth_factor·K read with the final readout.
-
-    One pass of depth_factor·K loops gives every truncated depth at once: loop k's state never
-    depends on later loops. For most readouts the exit readout and the final readout are the
-    same function, so the exits are the first K depths of that pass; for a readout whose exits
-    k<K differ (the final-only norm reads them raw) a separate K-loop pass reads the exits."""
+    """Exits of a full K-loop pass, and every depth k=1..depth_factor·K read with the final
+    readout, all from one pass where the exits' readout is the final one (docs/diagnostics.md)."""
     e, K, model = run.ecfg, run.K, run.model
     kmax = e.depth_factor * K
     deep = exit_losses(model, run.tokens, e.batch_size, e.max_tokens, n_loops=kmax, device=run.device,
@@ -61,10 +57,8 @@ def depth(run: EvalRun) -> tuple[dict, int]:
 
 @torch.inference_mode()
 def throughput(run: EvalRun) -> tuple[dict, int]:
-    """Tokens/s of teacher-forced evaluation running exactly k loops + one final readout (CE).
-
-    Batches are moved to the device before timing; per depth, `throughput_warmup` untimed
-    batches, then the median over `throughput_batches` timed ones (synchronised on CUDA)."""
+    """Tokens/s of teacher-forced evaluation running exactly k loops + one final readout (CE),
+    median of the timed pre-loaded batches (docs/diagnostics.md, "throughput")."""
     e, model, dev = run.ecfg, run.model, run.device
     starts = windows(run, 0)
     n = e.throughput_warmup + e.throughput_batches
@@ -314,11 +308,8 @@ def clamp(run: EvalRun) -> tuple[dict, int]:
 
 @torch.inference_mode()
 def scale(run: EvalRun) -> tuple[dict, int]:
-    """CE/PPL of the final readout of α·H_K for every α of SCALE_ALPHAS (the official
-    src/eval/scale_sensitivity.py): flat for a scale-invariant readout, steep for a raw one.
-
-    H_K is the state after the K-th loop of a full pass, before any normalisation; the
-    readout is the final one (exit K's). ΔCE is relative to α = 1, the unscaled model."""
+    """CE/PPL of the final readout of α·H_K (before any normalisation) for every α of
+    SCALE_ALPHAS (the official scale_sensitivity.py); ΔCE relative to α = 1 (docs/diagnostics.md)."""
     K, model = run.K, run.model
     ce_sum = torch.zeros(len(SCALE_ALPHAS), dtype=torch.float64)
     n = 0

@@ -156,12 +156,8 @@ def lost_peer(error: BaseException, world: int) -> bool:
 
 
 def record_failure(cfg: RunConfig, out_dir: str | Path, error: BaseException) -> dict:
-    """Mark a run that crashed as failed, keeping state.pt for a later retry.
-
-    Writes summary.json (status "failed") and, so that every outcome leaves the same files,
-    model.pt as a record without weights ({"status": "failed", "config", "error"}): loading
-    it names the failure (io.load_checkpoint), evaluating it writes "failed" results. The
-    weights file of an earlier run of this directory (model.safetensors) is removed."""
+    """Mark a run that crashed as failed (summary.json and a model.pt without weights; see
+    docs/architecture.md, `rundir.py`), keeping state.pt for a later retry."""
     summary = {"status": "failed", "error": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:500],
                "steps": None, "config_fingerprint": cfg.fingerprint()}
     state = Path(out_dir) / "state.pt"
@@ -305,12 +301,11 @@ def drop_stale(run_dir: str | Path, cfg: RunConfig, extra: dict | None = None) -
 def run_directory(out_dir: str | Path, what: str, fingerprint: str, *, resume: bool,
                   legacy: Callable[[dict], bool] | None = None,
                   drop_stale: Callable[[Path], object] | None = None) -> Iterator[dict | None]:
-    """The run directory of a trainer, created and locked for the duration of the block (a
-    second trainer is refused with one line, before anything is touched), leftovers of a killed
-    run removed. Yields the summary of the finished run of these settings (`fingerprint`) that
-    it holds, which the trainer returns instead of training, or None (train, resuming state.pt).
-    A finished run of other settings is refused (CheckpointError); `resume=False` trains over
-    it. `drop_stale` (--drop-stale-state) is called once the directory is locked."""
+    """The run directory of a trainer, created and locked for the block (docs/architecture.md,
+    `rundir.py`). Yields the summary of a finished run of these settings (`fingerprint`), which
+    the trainer returns instead of training, or None (train, resuming state.pt); a finished run
+    of other settings is refused (CheckpointError) unless `resume=False`. `drop_stale`
+    (--drop-stale-state) is called once the directory is locked."""
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
