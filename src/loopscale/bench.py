@@ -25,7 +25,9 @@ from .objective import compute_loss
 from .runtime import autocast, enable_tf32, resolve_device, sync, uses_bf16
 from .train import build, train_step
 
+# ---------------------------------------------------------------------------
 # small helpers
+# ---------------------------------------------------------------------------
 def _proc_status_kib(field: str) -> int | None:
     with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/self/status") as f:
         for line in f:
@@ -132,7 +134,9 @@ def matmul_peak(device: torch.device, dtype: torch.dtype, n: int | None = None, 
     return out
 
 
+# ---------------------------------------------------------------------------
 # the training step (train.py's own)
+# ---------------------------------------------------------------------------
 class Trainer:
     """Model, AdamW and `train.train_step` of `loopscale train`, on random token batches."""
 
@@ -230,7 +234,9 @@ def bench_eval(cfg: RunConfig, model: torch.nn.Module, device: torch.device, bat
             "depth": rows}
 
 
+# ---------------------------------------------------------------------------
 # memory of one training step, in a fresh process
+# ---------------------------------------------------------------------------
 # glibc: every allocation >= 64 KiB is its own mapping, returned to the OS when freed, so the
 # resident set follows the live tensors (the dynamic mmap threshold would otherwise keep freed
 # blocks in the heap and blur the measurement)
@@ -374,7 +380,9 @@ def profile_step(tr: Trainer, top: int = 25) -> dict:
     return {"total_self_ms": total / 1e3, "top": rows}
 
 
+# ---------------------------------------------------------------------------
 # the whole benchmark
+# ---------------------------------------------------------------------------
 def run_bench(cfg: RunConfig, *, steps: int = 5, warmup: int = 2, compile: bool = False, eval_batches: int = 5,
               eval_warmup: int = 1, memory: bool = True, do_eval: bool = True, profile: bool = False,
               threads: int | None = None, device: str | None = None, checkpoint: bool = False, log=print) -> dict:
@@ -463,8 +471,10 @@ def summary(r: dict) -> str:
     return "\n".join(lines)
 
 
+# ---------------------------------------------------------------------------
 # the memory measurement's subprocess: python -m loopscale.bench --memory-child
 # (the command is loopscale.cli.bench)
+# ---------------------------------------------------------------------------
 def _child_main() -> int:
     payload = json.loads(sys.stdin.read())
     print(json.dumps(_memory_child(payload)))

@@ -88,7 +88,9 @@ def throughput(run: EvalRun) -> tuple[dict, int]:
     return payload, bs * run.seq_len * e.throughput_batches  # timed tokens per depth
 
 
+# ---------------------------------------------------------------------------
 # norms
+# ---------------------------------------------------------------------------
 def distribution(x: np.ndarray) -> dict:
     """Summary of a per-token distribution (float64 input)."""
     med = float(np.median(x))
@@ -123,7 +125,9 @@ def norms(run: EvalRun) -> tuple[dict, int]:
     return payload, len(final)
 
 
+# ---------------------------------------------------------------------------
 # radial gradient fraction
+# ---------------------------------------------------------------------------
 def radial_stats(model: LoopedLM, h: torch.Tensor, y: torch.Tensor, final: bool,
                  k: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token cos(g, H) and cos²(g, H) (float64) for g = ∂CE/∂H of one exit's immediate loss.
@@ -213,7 +217,9 @@ def lemma(run: EvalRun) -> tuple[dict, int]:
             "paper_units": {"loops": paper_loops}}, n
 
 
+# ---------------------------------------------------------------------------
 # scale clamps
+# ---------------------------------------------------------------------------
 def token_rms(h: torch.Tensor) -> torch.Tensor:
     """Per-token RMS over channels, [.., 1], fp32, floored at 1e-8 (the official clamp script's)."""
     return h.float().pow(2).mean(-1, keepdim=True).sqrt().clamp_min(_RMS_FLOOR)
@@ -327,7 +333,9 @@ def scale(run: EvalRun) -> tuple[dict, int]:
     return {"k_train": K, "alphas": list(SCALE_ALPHAS), "sweep": rows, "summary": summary}, n
 
 
+# ---------------------------------------------------------------------------
 # running diagnostics
+# ---------------------------------------------------------------------------
 RUNNERS: dict[str, Callable[[EvalRun], tuple[dict, int]]] = {
     "depth": depth, "throughput": throughput, "norms": norms, "radial": radial, "lemma": lemma,
     "clamp": clamp, "halting": halting, "scale": scale}

@@ -70,7 +70,9 @@ def setup(device: torch.device, timeout_s: float = 1800) -> Dist:
     return Dist(rank=rank, world=world, local_rank=local, device=device)
 
 
+# ---------------------------------------------------------------------------
 # the global batch, shared out
+# ---------------------------------------------------------------------------
 def micro_batch_size(batch_size: int, world: int, grad_accum: int) -> int:
     """Per-rank micro-batch of a global batch; it must divide evenly (one line if not)."""
     parts = world * grad_accum
@@ -91,7 +93,9 @@ def micro_batches(indices: np.ndarray, grad_accum: int) -> list[np.ndarray]:
     return np.split(indices, grad_accum)
 
 
+# ---------------------------------------------------------------------------
 # wrapping the model
+# ---------------------------------------------------------------------------
 def wrap(model: torch.nn.Module, d: Dist, fsdp: bool = False) -> torch.nn.Module:
     """The module the training step calls: the model itself (one process), DDP around it,
     or, with `fsdp`, the model sharded in place (FSDP2: each block, then the root, so the
@@ -125,7 +129,9 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
+# ---------------------------------------------------------------------------
 # collectives on small things
+# ---------------------------------------------------------------------------
 def any_true(flags: torch.Tensor, d: Dist) -> torch.Tensor:
     """Element-wise OR of a small bool/0-1 tensor over ranks (e.g. [non-finite, SIGTERM]),
     so every rank takes the same decision at the same step."""
@@ -165,7 +171,9 @@ def rank_seed(seed: int, rank: int) -> int:
     return int(np.random.SeedSequence([seed, rank]).generate_state(1)[0])
 
 
+# ---------------------------------------------------------------------------
 # checkpoint state: the single-process format on every path
+# ---------------------------------------------------------------------------
 def model_state(model: torch.nn.Module, d: Dist, fsdp: bool) -> dict:
     """The full (unsharded) model state dict (with FSDP: on CPU on rank 0, empty elsewhere).
     A collective under FSDP: every rank must call it."""

@@ -111,7 +111,9 @@ def _report(ce: np.ndarray, conf: np.ndarray, tau: float, granularity: str, epsi
             "exit_counts": np.bincount(exits[0], minlength=K).tolist()}
 
 
+# ---------------------------------------------------------------------------
 # the paper's protocol (Table 8; official early_exit_curve.py, adaptive_halt_benchmark.py)
+# ---------------------------------------------------------------------------
 def paper_units(ce: np.ndarray, conf: np.ndarray, granularity: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(summed CE [units, K], tokens [units], confidence [units, K]) of windows or tokens.
 
@@ -227,7 +229,9 @@ def paper_protocol(run: EvalRun, ce: np.ndarray, conf: dict, starts: np.ndarray)
             "curve": {g: paper_curve(ce, conf, g) for g in GRANULARITIES}, "calibrated": calibrated}
 
 
+# ---------------------------------------------------------------------------
 # real dynamic-depth execution (sequence policy)
+# ---------------------------------------------------------------------------
 @torch.inference_mode()
 def dynamic_batch(model, x: torch.Tensor, y: torch.Tensor, policy: Optional[str], tau: Optional[float],
                   paper: bool = False) -> tuple[torch.Tensor, torch.Tensor]:

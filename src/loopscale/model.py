@@ -355,7 +355,9 @@ def _gpt2_init_zero_bias(m: nn.Module) -> None:  # Hugging Face's init of Ouro
         nn.init.zeros_(m.bias)
 
 
+# ---------------------------------------------------------------------------
 # published parameter names (the Ouro architecture) <-> ours, in one place
+# ---------------------------------------------------------------------------
 # ours -> published, by prefix (the block's, after "blocks.<i>." / "model.layers.<i>.")
 _PUBLISHED_BLOCK = {"norm1.": "input_layernorm.", "attn_out_norm.": "input_layernorm_2.",
                     "norm2.": "post_attention_layernorm.", "mlp_out_norm.": "post_attention_layernorm_2.",
@@ -443,7 +445,9 @@ def _load_published(module: LoopedLM, state: dict, prefix: str, local_metadata, 
     state.update({prefix + k: v for k, v in from_published(mine, module.cfg).items()})
 
 
+# ---------------------------------------------------------------------------
 # sizes and cost
+# ---------------------------------------------------------------------------
 def flops_per_token(cfg: ModelConfig, n_loops: int | None = None, n_readouts: int | None = None) -> int:
     """Forward matmul FLOPs per token (2 per multiply-add) of any architecture: the shared stack
     once per loop, the vocabulary head once per readout (what is counted: docs/performance.md)."""

@@ -192,9 +192,11 @@ def drive_tapers(model: nn.Module, step: int, total_steps: int, warmup_frac: flo
     return gate
 
 
+# ---------------------------------------------------------------------------
 # the norm kinds by name: builder(cfg, fp32, official) -> module; `fp32`: RMSNorm in fp32 (the
 # architecture's fp32_norm), `official`: alpha readouts as the official Ouro trainer builds them
 # (a learned s_ref, the other alpha_* settings at the module's defaults)
+# ---------------------------------------------------------------------------
 def _alpha(cfg, fp32: bool, official: bool) -> nn.Module:
     if official:
         return AlphaReadout(cfg.d_model, init_alpha=cfg.alpha_init, fixed_alpha=cfg.alpha_fixed, s_ref="learned",

@@ -137,7 +137,9 @@ def global_mean(res: LossOutput, dd: DD.Dist) -> LossOutput:
     return LossOutput(flat[0], flat[2:2 + K], flat[2 + K:], flat[1])
 
 
+# ---------------------------------------------------------------------------
 # batch sources and the loop's settings
+# ---------------------------------------------------------------------------
 class BatchSource:
     """What `fit` trains on: this rank's batches of every step, and what the run records of them.
     Two small subclasses: `TokenFiles` (below) and `loopscale.train_stream.Stream`.
@@ -219,7 +221,9 @@ class LoopSettings:
     validate_every_rank: bool = True  # the periodic validation on every rank, else on rank 0 alone
 
 
+# ---------------------------------------------------------------------------
 # the loop
+# ---------------------------------------------------------------------------
 def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: bool = True,
           progress: bool = True, drop_stale_state: bool = False) -> dict:
     """Train one run on a prepared data directory in the locked run directory `out_dir`
