@@ -1,35 +1,10 @@
-"""`loopscale bench`: training and evaluation speed, FLOP/s, MFU and memory of one config.
-
-  loopscale bench --preset cpu [--set k=v ...] [--steps N] [--warmup N] [--out FILE.json] [--compile]
-
-Everything runs on random token batches (no corpus needed), with exactly the training step
-of `loopscale train` (forward, objective, backward, clipping, the divergence check, AdamW).
-
-Measured:
-  peak        the machine's matmul peak: a large square matmul in the training dtype
-              (fp32 2048^3 on CPU, bf16 8192^3 on CUDA), best and median of timed repetitions
-  train       tokens/s = batch tokens / median step time after warm-up; model FLOP/s with the
-              FLOP count stated (forward + backward = 3x the forward matmul FLOPs; the shared
-              stack counted once per loop, the vocabulary head once per readout that enters
-              the loss; recomputation is never credited); MFU = model FLOP/s / measured peak.
-              On CPU also per CPU-second (process CPU time / threads), which a busy shared
-              machine does not distort the way it distorts the wall clock
-  eval        teacher-forced evaluation tokens/s at every depth k = 1..K (k loops + one
-              final readout with its CE), fp32, dropout off, median of timed batches
-  memory      peak memory above what was held before, of one training step and of the
-              objective alone (K exits' CE, forward + backward, on K leaf states), each in a
-              fresh subprocess, warmed up with a 1-sequence step so that gradients, optimiser
-              state and thread pools already exist: CPU peak RSS (VmHWM, reset just before via
-              /proc/self/clear_refs; glibc told to return freed blocks so RSS follows the live
-              tensors), CUDA max_memory_allocated; the configured objective.ce_impl=chunked
-              against ce_impl=plain (K full [tokens, vocab] logit tensors through F.cross_entropy)
-
-Beyond the model presets, `--preset` takes the benchmark-only shapes of config.BENCH_PRESETS
-(next to MODEL_PRESETS): `paper-cpu` is the paper's architecture scaled to fit a CPU (d 256,
-4 layers, 4 heads of 64, SwiGLU 1024, vocabulary 8192, seq 256, batch 16, K 4, per-loop CE).
+"""`loopscale bench`: training and evaluation speed, FLOP/s, MFU and memory of one config,
+on random token batches with exactly the training step of `loopscale train`. What is
+measured and how (peak, train, eval, memory; the `paper-cpu` shape): docs/performance.md.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import os
@@ -54,13 +29,10 @@ from .train import build, train_step
 # small helpers
 # ---------------------------------------------------------------------------
 def _proc_status_kib(field: str) -> int | None:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith(field + ":"):
-                    return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
+    with contextlib.suppress(OSError, ValueError, IndexError), open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
     return None
 
 
@@ -90,13 +62,10 @@ def reset_max_rss() -> bool:
 
 
 def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
     return platform.processor() or platform.machine()
 
 
@@ -105,10 +74,8 @@ def environment(device: torch.device) -> dict:
     env = {"torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
            "device": str(device), "threads": torch.get_num_threads(), "cpu": cpu_name(),
            "cpu_count": os.cpu_count(), "git_commit": git_commit()}
-    try:
+    with contextlib.suppress(OSError):
         env["load_average_1m"] = os.getloadavg()[0]
-    except OSError:
-        pass
     if device.type == "cuda":
         env["gpu"] = torch.cuda.get_device_name(device)
     return env
@@ -126,9 +93,6 @@ def bench_config(name: str | None, overrides: dict | None = None) -> RunConfig:
     return RunConfig.from_dict(d)
 
 
-# ---------------------------------------------------------------------------
-# FLOPs
-# ---------------------------------------------------------------------------
 def flop_count(cfg: RunConfig) -> dict:
     """Model FLOPs of one training token and how they are counted."""
     m = cfg.model
@@ -143,16 +107,12 @@ def flop_count(cfg: RunConfig) -> dict:
                      "chunked CE adds no recomputation")}
 
 
-# ---------------------------------------------------------------------------
-# matmul peak
-# ---------------------------------------------------------------------------
 def matmul_peak(device: torch.device, dtype: torch.dtype, n: int | None = None, reps: int = 10,
                 warmup: int = 3) -> dict:
     """FLOP/s of an n x n x n matmul in `dtype`: best and median of `reps` timed runs."""
     n = n or (8192 if device.type == "cuda" else 2048)
     g = torch.Generator(device="cpu").manual_seed(0)
-    a = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
-    b = torch.randn(n, n, generator=g).to(device=device, dtype=dtype)
+    a, b = (torch.randn(n, n, generator=g).to(device=device, dtype=dtype) for _ in range(2))
     out = torch.empty(n, n, device=device, dtype=dtype)
     for _ in range(warmup):
         torch.mm(a, b, out=out)
@@ -190,9 +150,8 @@ class Trainer:
     def batch(self, batch_size: int | None = None, generator: torch.Generator | None = None):
         B = batch_size or self.cfg.train.batch_size
         V, T = self.cfg.model.vocab_size, self.cfg.model.seq_len
-        x = torch.randint(0, V, (B, T), generator=generator)
-        y = torch.randint(0, V, (B, T), generator=generator)
-        return x.to(self.device), y.to(self.device)
+        return tuple(torch.randint(0, V, (B, T), generator=generator).to(self.device)
+                     for _ in range(2))
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> None:
         if not train_step(self.model, self.fwd, self.opt, x, y, self.cfg, self.device).finite:
@@ -242,9 +201,6 @@ def bench_train(cfg: RunConfig, device: torch.device, steps: int, warmup: int, c
     return out, tr
 
 
-# ---------------------------------------------------------------------------
-# evaluation throughput per depth
-# ---------------------------------------------------------------------------
 @torch.inference_mode()
 def bench_eval(cfg: RunConfig, model: torch.nn.Module, device: torch.device, batches: int, warmup: int,
                fwd=None) -> dict:
@@ -309,12 +265,8 @@ def _peak_of(fn, device: torch.device) -> dict:
 
 
 def step_memory(cfg: RunConfig, device: torch.device, checkpoint: bool = False) -> dict:
-    """Peak memory of one training step of `cfg` above the memory held before it.
-
-    Warm-up with one sequence first: creates gradients, AdamW state, thread pools and kernels
-    at negligible activation memory. CUDA: exact allocator statistics. CPU: the peak resident
-    set (VmHWM, reset before the step where Linux allows, else the high-water mark of this
-    process so far: run it in a fresh process, see `measure_memory`)."""
+    """Peak memory of one training step of `cfg` above the memory held before it, after a
+    one-sequence warm-up step (docs/performance.md, "Memory"; on CPU: see `measure_memory`)."""
     tr = Trainer(cfg, device, compile=False, checkpoint=checkpoint)
     tr.step(*tr.batch(1, torch.Generator().manual_seed(3)))
     x, y = tr.batch(generator=torch.Generator().manual_seed(4))
@@ -334,16 +286,15 @@ def ce_memory(cfg: RunConfig, device: torch.device) -> dict:
         states = [torch.randn(batch, m.seq_len, m.d_model, generator=g).to(device).requires_grad_(True)
                   for _ in range(m.n_loops)]
         y = torch.randint(0, m.vocab_size, (batch, m.seq_len), generator=g).to(device)
-        return lambda: _ce_step(tr, states, y)
+
+        def step():
+            with autocast(device, cfg.train.precision):
+                res = compute_loss(tr.model, states, y, cfg.objective, all_exits=False)
+            res.total.backward()
+        return step
 
     run(1)()  # warm-up
     return _peak_of(run(B), device)
-
-
-def _ce_step(tr: Trainer, states, y) -> None:
-    with autocast(tr.device, tr.cfg.train.precision):
-        res = compute_loss(tr.model, states, y, tr.cfg.objective, all_exits=False)
-    res.total.backward()
 
 
 def step_memory_inprocess(cfg: RunConfig, device: torch.device, ce_impl: str | None = None,
@@ -408,9 +359,6 @@ def memory_comparison(cfg: RunConfig, device: torch.device, threads: int | None 
     return out
 
 
-# ---------------------------------------------------------------------------
-# profile
-# ---------------------------------------------------------------------------
 def profile_step(tr: Trainer, top: int = 25) -> dict:
     """Top operators (self time) of one training step, via torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
@@ -420,15 +368,15 @@ def profile_step(tr: Trainer, top: int = 25) -> dict:
     with profile(activities=acts) as prof:
         tr.step(x, y)
         sync(tr.device)
-    key = "self_cuda_time_total" if tr.device.type == "cuda" else "self_cpu_time_total"
-    ev = sorted(prof.key_averages(), key=lambda e: getattr(e, key.replace("cuda", "device"), 0) or getattr(e, key, 0),
-                reverse=True)
-    total = sum(getattr(e, "self_device_time_total" if tr.device.type == "cuda" else "self_cpu_time_total", 0)
-                for e in prof.key_averages())
-    rows = []
-    for e in ev[:top]:
-        t = getattr(e, "self_device_time_total" if tr.device.type == "cuda" else "self_cpu_time_total", 0)
-        rows.append({"op": e.key, "calls": e.count, "self_ms": t / 1e3, "share": t / max(total, 1)})
+    cuda = tr.device.type == "cuda"
+    attr = "self_device_time_total" if cuda else "self_cpu_time_total"
+    events = prof.key_averages()
+    total = sum(getattr(e, attr, 0) for e in events)
+    # sorted by self time (older torch: self_cuda_time_total where self_device_time_total is 0)
+    fallback = "self_cuda_time_total" if cuda else attr
+    ev = sorted(events, key=lambda e: getattr(e, attr, 0) or getattr(e, fallback, 0), reverse=True)
+    rows = [{"op": e.key, "calls": e.count, "self_ms": getattr(e, attr, 0) / 1e3,
+             "share": getattr(e, attr, 0) / max(total, 1)} for e in ev[:top]]
     return {"total_self_ms": total / 1e3, "top": rows}
 
 
@@ -439,10 +387,8 @@ def run_bench(cfg: RunConfig, *, steps: int = 5, warmup: int = 2, compile: bool 
               eval_warmup: int = 1, memory: bool = True, do_eval: bool = True, profile: bool = False,
               threads: int | None = None, device: str | None = None, checkpoint: bool = False, log=print) -> dict:
     dev = resolve_device(device or cfg.train.device)
-    if threads:
-        torch.set_num_threads(threads)
-    elif cfg.train.threads > 0:
-        torch.set_num_threads(cfg.train.threads)
+    if (threads or cfg.train.threads) > 0:
+        torch.set_num_threads(threads or cfg.train.threads)
     enable_tf32(dev)
     result = {"config": cfg.to_dict(), "params": count_params(cfg.model), "env": environment(dev)}
     peak_dtype = torch.bfloat16 if uses_bf16(dev, cfg.train.precision) else torch.float32

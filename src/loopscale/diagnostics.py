@@ -1,27 +1,6 @@
-"""Evaluation and diagnostics of one trained run: the paper's diagnostics, defined in
-docs/diagnostics.md.
-
-Every diagnostic reads one trained model file (`<run>/model.pt`) and its prepared data
-directory, evaluates on the validation split in fp32 with dropout off, and writes one JSON
-file (atomically). Sizes come from the run's stored `eval` config, overridable per call.
-
-  depth       CE/PPL/‖H_k‖ of every exit k=1..K of a full pass, and of every depth
-              k=1..depth_factor·K read with the final readout (truncated/extended loop)
-  throughput  tokens/s of teacher-forced evaluation at each depth (k loops + one readout)
-  norms       ‖H_k‖ per loop and the per-token distribution (+ histogram) of ‖H_K‖
-  radial      radial gradient fraction cos²(∂CE_k/∂H_k, H_k) per exit (visibility lemma)
-  lemma       radial increment, angular update and their product over many loops (activity lemma),
-              in L2 units and in the paper's units (per-token RMS scale; Table 12)
-  clamp       inference-time scale clamps (remove_radial, freeze_loop1 as the official release
-              defines them; remove_radial_from_embedding): ΔCE, relative PPL per exit
-  scale       CE/PPL of the final readout of α·H_K for α = 0.1 … 10 (scale sensitivity)
-  halting     calibrated post-hoc exit policies and the real dynamic-depth speed-up (halting.py)
-
-Command line (loopscale.cli.eval): `loopscale eval <diagnostic> --model RUN/model.pt --data DATA --out FILE.json`
-(and `loopscale eval all ... --outdir DIR [--only D1,D2]`, the model loaded once: the
-pipeline's one evaluation job per run). A run whose RUN/summary.json says training failed
-gets status "failed" results, a diverged model "diverged" ones, without evaluating.
-Definitions: docs/diagnostics.md.
+"""Evaluation and diagnostics of one trained run: depth, throughput, norms, radial, lemma,
+clamp, scale (halting: halting.py), each written as one JSON file by `run_diagnostic` /
+`run_all` (`loopscale eval`). Definitions and payloads: docs/diagnostics.md.
 """
 from __future__ import annotations
 
@@ -54,24 +33,14 @@ _RMS_FLOOR = 1e-8  # per-token RMS floor of the official clamp script
 _RMS_FLOOR_LEMMA = 1e-9  # ... and of the official lemma2_verification.py
 
 
-# ---------------------------------------------------------------------------
-# shared pieces
-# ---------------------------------------------------------------------------
 def token_norms(h: torch.Tensor) -> torch.Tensor:
     """Per-token L2 norm over channels, float64, flattened over batch and positions."""
     return h.detach().double().norm(dim=-1).reshape(-1)
 
 
-# ---------------------------------------------------------------------------
-# depth
-# ---------------------------------------------------------------------------
 def depth(run: EvalRun) -> tuple[dict, int]:
-    """Exits of a full K-loop pass, and every depth k=1..depth_factor·K read with the final readout.
-
-    One pass of depth_factor·K loops gives every truncated depth at once: loop k's state never
-    depends on later loops. For most readouts the exit readout and the final readout are the
-    same function, so the exits are the first K depths of that pass; for a readout whose exits
-    k<K differ (the final-only norm reads them raw) a separate K-loop pass reads the exits."""
+    """Exits of a full K-loop pass, and every depth k=1..depth_factor·K read with the final
+    readout, all from one pass where the exits' readout is the final one (docs/diagnostics.md)."""
     e, K, model = run.ecfg, run.K, run.model
     kmax = e.depth_factor * K
     deep = exit_losses(model, run.tokens, e.batch_size, e.max_tokens, n_loops=kmax, device=run.device,
@@ -86,24 +55,17 @@ def depth(run: EvalRun) -> tuple[dict, int]:
     return {"k_train": K, "depth_factor": e.depth_factor, "exits": rows(ex, K), "depth": rows(deep, kmax)}, deep["tokens"]
 
 
-# ---------------------------------------------------------------------------
-# throughput
-# ---------------------------------------------------------------------------
 @torch.inference_mode()
 def throughput(run: EvalRun) -> tuple[dict, int]:
-    """Tokens/s of teacher-forced evaluation running exactly k loops + one final readout (CE).
-
-    Batches are moved to the device before timing; per depth, `throughput_warmup` untimed
-    batches, then the median over `throughput_batches` timed ones (synchronised on CUDA)."""
+    """Tokens/s of teacher-forced evaluation running exactly k loops + one final readout (CE),
+    median of the timed pre-loaded batches (docs/diagnostics.md, "throughput")."""
     e, model, dev = run.ecfg, run.model, run.device
     starts = windows(run, 0)
     n = e.throughput_warmup + e.throughput_batches
     bs = min(e.batch_size, len(starts))
-    data = []
-    for i in range(n):  # cycle through the validation windows
-        idx = (np.arange(bs) + i * bs) % len(starts)
-        x, y = D.get_batch(run.tokens, starts[idx], run.seq_len)
-        data.append((x.to(dev), y.to(dev)))
+    cpu = [D.get_batch(run.tokens, starts[(np.arange(bs) + i * bs) % len(starts)], run.seq_len)
+           for i in range(n)]  # cycling through the validation windows
+    data = [(x.to(dev), y.to(dev)) for x, y in cpu]
     kmax = e.depth_factor * run.K
     rows = []
     for k in tqdm(range(1, kmax + 1), desc="throughput", disable=not run.progress, leave=False):
@@ -113,9 +75,8 @@ def throughput(run: EvalRun) -> tuple[dict, int]:
             t0 = time.perf_counter()
             depth_ce(model, x, y, k)
             sync(dev)
-            dt = time.perf_counter() - t0
             if i >= e.throughput_warmup:
-                times.append(dt)
+                times.append(time.perf_counter() - t0)
         med = statistics.median(times)
         rows.append({"k": k, "tokens_per_s": bs * run.seq_len / med, "median_s": med, "min_s": min(times),
                      "max_s": max(times), "flops_per_token": flops_per_token(run.cfg.model, k, 1)})
@@ -187,45 +148,32 @@ def radial_stats(model: LoopedLM, h: torch.Tensor, y: torch.Tensor, final: bool,
 def radial(run: EvalRun) -> tuple[dict, int]:
     """Radial gradient fraction per exit k: mean_t cos²(∂CE_k/∂H_k, H_k), and the signed mean cosine."""
     K, model = run.K, run.model
-    cos_sum = torch.zeros(K, dtype=torch.float64)
-    cos2_sum = torch.zeros(K, dtype=torch.float64)
-    abs_sum = torch.zeros(K, dtype=torch.float64)
+    sums = torch.zeros(3, K, dtype=torch.float64)  # rows: cos, cos², |cos|
     n = 0
     for x, y in batches(run, windows(run, run.ecfg.radial_tokens), "radial"):
         with torch.no_grad():
             states = model(x)
         for k, h in enumerate(states):
             cos, cos2 = radial_stats(model, h, y, final=k == K - 1, k=k + 1)
-            cos_sum[k] += cos.sum().cpu()
-            cos2_sum[k] += cos2.sum().cpu()
-            abs_sum[k] += cos.abs().sum().cpu()
+            sums[:, k] += torch.stack([cos.sum(), cos2.sum(), cos.abs().sum()]).cpu()
         n += y.numel()
 
     spec = READOUTS[run.cfg.model.readout]
-    loops = [{"k": k + 1, "readout": spec.norm_at(k + 1, K), "radial_fraction": float(cos2_sum[k] / n),
-              "mean_cos": float(cos_sum[k] / n), "mean_abs_cos": float(abs_sum[k] / n)} for k in range(K)]
+    mean_cos, frac, mean_abs = (sums / n).tolist()
+    loops = [{"k": k + 1, "readout": spec.norm_at(k + 1, K), "radial_fraction": frac[k],
+              "mean_cos": mean_cos[k], "mean_abs_cos": mean_abs[k]} for k in range(K)]
     return {"k_train": K, "loops": loops}, n
 
 
-# ---------------------------------------------------------------------------
-# activity lemma
-# ---------------------------------------------------------------------------
 @torch.inference_mode()
 def lemma(run: EvalRun) -> tuple[dict, int]:
-    """The activity lemma (paper Lemma 2) over `lemma_loops` loops, per token, in two unit systems.
-
-    L2 units (`loops`): s_k = ‖H_k‖, u_k = H_k/s_k; mean s_k, radial increment s_{k+1}−s_k,
-    angular update ‖u_{k+1}−u_k‖ and ‖u_{k+1}−u_k‖·s_k.
-    The paper's units (`paper_units`, Table 12; the release's src/eval/lemma2_verification.py):
-    s_k = RMS(H_k) (floored at 1e-9), u_k = H_k/s_k the unit-RMS direction (‖u‖ = √d); mean s_k,
-    first-order radial increment <u_k, H_{k+1}−H_k> (a channel sum), angular step ‖u_{k+1}−u_k‖
-    and the b_⊥ estimate ‖u_{k+1}−u_k‖·s_k. H_k is the state after loop k before the recurrence."""
+    """The activity lemma (paper Lemma 2) over `lemma_loops` loops, per token, in L2 units
+    (`loops`: s_k = ‖H_k‖) and in the paper's (`paper_units`, Table 12: s_k = RMS(H_k), as the
+    release's lemma2_verification.py); H_k is the state after loop k, before the recurrence.
+    Definitions: docs/diagnostics.md, "lemma"."""
     L = run.ecfg.lemma_loops
-    s_sum = torch.zeros(L, dtype=torch.float64)
-    inc_sum = torch.zeros(L - 1, dtype=torch.float64)
-    rel_sum = torch.zeros(L - 1, dtype=torch.float64)
-    ang_sum = torch.zeros(L - 1, dtype=torch.float64)
-    prod_sum = torch.zeros(L - 1, dtype=torch.float64)
+    # rows: s, radial increment, relative increment, angular update, angular x s (transitions: 0..L-2)
+    l2 = torch.zeros(5, L, dtype=torch.float64)
     paper = torch.zeros(4, L, dtype=torch.float64)  # rows: s (RMS), radial increment, angular step, b_perp
     n = 0
     for x, _ in batches(run, windows(run, run.ecfg.lemma_tokens), "lemma"):
@@ -237,29 +185,25 @@ def lemma(run: EvalRun) -> tuple[dict, int]:
             u = h64 / s.clamp_min(_TINY)[:, None]
             r = h64.pow(2).mean(-1).sqrt().clamp_min(_RMS_FLOOR_LEMMA)  # paper units
             v = h64 / r[:, None]
-            s_sum[k] += s.sum().cpu()
+            l2[0, k] += s.sum().cpu()
             paper[0, k] += r.sum().cpu()
             if prev is not None:
                 prev_h, prev_s, prev_u, prev_r, prev_v = prev
-                ang = (u - prev_u).norm(dim=-1)
-                inc_sum[k - 1] += (s - prev_s).sum().cpu()
-                rel_sum[k - 1] += ((s - prev_s) / prev_s.clamp_min(_TINY)).sum().cpu()
-                ang_sum[k - 1] += ang.sum().cpu()
-                prod_sum[k - 1] += (ang * prev_s).sum().cpu()
-                step = (v - prev_v).norm(dim=-1)
-                paper[1, k - 1] += (prev_v * (h64 - prev_h)).sum(-1).sum().cpu()
-                paper[2, k - 1] += step.sum().cpu()
-                paper[3, k - 1] += (step * prev_r).sum().cpu()
+                ang, step = (u - prev_u).norm(dim=-1), (v - prev_v).norm(dim=-1)
+                l2[1:, k - 1] += torch.stack([(s - prev_s).sum(), ((s - prev_s) / prev_s.clamp_min(_TINY)).sum(),
+                                              ang.sum(), (ang * prev_s).sum()]).cpu()
+                paper[1:, k - 1] += torch.stack([(prev_v * (h64 - prev_h)).sum(-1).sum(), step.sum(),
+                                                 (step * prev_r).sum()]).cpu()
             prev = (h64, s, u, r, v)
         n += x.numel()
     loops, paper_loops = [], []
-    paper = (paper / n).tolist()
+    l2, paper = (l2 / n).tolist(), (paper / n).tolist()
     for k in range(L):
-        row = {"k": k + 1, "scale": float(s_sum[k] / n)}
+        row = {"k": k + 1, "scale": l2[0][k]}
         prow = {"k": k + 1, "s": paper[0][k]}
         if k < L - 1:  # transition k -> k+1
-            row.update(radial_increment=float(inc_sum[k] / n), relative_increment=float(rel_sum[k] / n),
-                       angular_update=float(ang_sum[k] / n), angular_times_scale=float(prod_sum[k] / n))
+            row.update(radial_increment=l2[1][k], relative_increment=l2[2][k], angular_update=l2[3][k],
+                       angular_times_scale=l2[4][k])
             prow.update(radial_increment=paper[1][k], angular_step=paper[2][k], b_perp_estimate=paper[3][k])
         loops.append(row)
         paper_loops.append(prow)
@@ -282,20 +226,10 @@ def token_rms(h: torch.Tensor) -> torch.Tensor:
 
 
 def clamp_fn(mode: str) -> Optional[Callable]:
-    """The `state_fn(k, x_in, h)` of LoopedLM.forward implementing an inference-time clamp.
-
-    The official clamps (src/eval/radial_clamp_intervention.py of the release; claim (g)):
-      remove_radial  loop 1 untouched; for k ≥ 2, with p the previous loop's (clamped) state
-                     H_{k-1} before the recurrence (inter-loop norm, damping), Δ = h − p and
-                     u = p/rms(p): h ← h − mean_c(u·Δ)·u, i.e. h − <Δ, p̂>p̂ (the update's
-                     component along the previous state's direction removed)
-      freeze_loop1   loop 1 untouched; for k ≥ 2: h ← h · rms(H_1)/rms(h) per token (RMS over
-                     channels, floored at 1e-8): every state keeps loop 1's per-token RMS
-    loopscale's earlier variant, outside claim (g):
-      remove_radial_from_embedding  every loop, loop 1 included, against the loop's input
-                     x_in (the embedding at loop 1, the fed state — normalised under the
-                     inter-loop norm — after): h ← x_in + Δ − <Δ, x̂_in>x̂_in, Δ = h − x_in
-    The closures keep the previous state of the current pass (reset at k = 1)."""
+    """The `state_fn(k, x_in, h)` of LoopedLM.forward implementing an inference-time clamp:
+    the official remove_radial and freeze_loop1 (the release's radial_clamp_intervention.py,
+    claim (g)) and loopscale's remove_radial_from_embedding; defined in docs/diagnostics.md,
+    "clamp". The closures keep the previous state of the current pass (reset at k = 1)."""
     if mode == "none":
         return None
     prev: dict = {}
@@ -351,27 +285,20 @@ def clamp(run: EvalRun) -> tuple[dict, int]:
     modes = {}
     n = 0
     for mode in CLAMP_MODES:
-        ce_sum = torch.zeros(K, dtype=torch.float64)
-        norm_sum = torch.zeros(K, dtype=torch.float64)
-        rms_sum = torch.zeros(K, dtype=torch.float64)
+        sums = torch.zeros(3, K, dtype=torch.float64)  # rows: token sums of CE, ‖H_k‖, RMS(H_k)
         log: dict = {}
         n = 0
         for x, y in batches(run, starts, f"clamp {mode}"):
             states = model(x, state_fn=_recording(clamp_fn(mode), log))
             for k, h in enumerate(states):
                 ce = linear_cross_entropy(model.readout(h, k == K - 1, k=k + 1), model.head_weight, y)
-                ce_sum[k] += ce.double().cpu() * y.numel()
-                norm_sum[k] += token_norms(h).sum().cpu()
-                rms_sum[k] += token_rms(h).double().sum().cpu()
+                sums[:, k] += torch.stack([ce.double() * y.numel(), token_norms(h).sum(),
+                                           token_rms(h).double().sum()]).cpu()
             n += y.numel()
-        rows = []
-        for k in range(K):
-            ce = float(ce_sum[k] / n)
-            rad, rad_abs, upd = (log[k + 1] / n).tolist()
-            rows.append({"k": k + 1, "ce": ce, "ppl": ppl(ce), "norm": float(norm_sum[k] / n),
-                         "norm_rms": float(rms_sum[k] / n),
-                         "radial_update": rad, "abs_radial_update": rad_abs, "update_norm": upd})
-        modes[mode] = rows
+        ces, nrm, rms = (sums / n).tolist()
+        modes[mode] = [{"k": k + 1, "ce": ces[k], "ppl": ppl(ces[k]), "norm": nrm[k], "norm_rms": rms[k],
+                        **dict(zip(("radial_update", "abs_radial_update", "update_norm"),
+                                   (log[k + 1] / n).tolist()))} for k in range(K)]
     summary = {}
     for mode in CLAMP_MODES:
         for row, base in zip(modes[mode], modes["none"]):
@@ -385,16 +312,10 @@ def clamp(run: EvalRun) -> tuple[dict, int]:
     return {"k_train": K, "official_modes": list(OFFICIAL_CLAMP_MODES), "modes": modes, "summary": summary}, n
 
 
-# ---------------------------------------------------------------------------
-# scale sensitivity
-# ---------------------------------------------------------------------------
 @torch.inference_mode()
 def scale(run: EvalRun) -> tuple[dict, int]:
-    """CE/PPL of the final readout of α·H_K for every α of SCALE_ALPHAS (the official
-    src/eval/scale_sensitivity.py): flat for a scale-invariant readout, steep for a raw one.
-
-    H_K is the state after the K-th loop of a full pass, before any normalisation; the
-    readout is the final one (exit K's). ΔCE is relative to α = 1, the unscaled model."""
+    """CE/PPL of the final readout of α·H_K (before any normalisation) for every α of
+    SCALE_ALPHAS (the official scale_sensitivity.py); ΔCE relative to α = 1 (docs/diagnostics.md)."""
     K, model = run.K, run.model
     ce_sum = torch.zeros(len(SCALE_ALPHAS), dtype=torch.float64)
     n = 0
@@ -422,8 +343,7 @@ RUNNERS: dict[str, Callable[[EvalRun], tuple[dict, int]]] = {
 
 def evaluate_diagnostic(name: str, run: EvalRun) -> dict:
     """The result dict of one diagnostic (header + payload); a diverged model is not evaluated."""
-    if name not in RUNNERS:
-        raise ConfigError(f"unknown diagnostic {name!r}; choose one of {', '.join(DIAGNOSTICS)}")
+    _check_names([name])
     if run.status == "diverged":
         return {**header(name, run, 0), "note": "the model diverged in training; nothing was evaluated"}
     t0 = time.time()

@@ -1,24 +1,8 @@
 """Data-parallel training on PyTorch's own engine: torch.distributed, DDP, FSDP.
 
-`loopscale train` runs data-parallel when it is launched by `torchrun` (which sets RANK,
-WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT):
-
-    torchrun --standalone --nproc-per-node 4 -m loopscale.cli train --config RUN/config.yaml ...
-
-Every rank builds the same model from the same seed, and DDP (or FSDP with
-`train.fsdp: true`, which shards weights, gradients and AdamW state over the ranks) keeps
-the ranks' weights identical. `train.batch_size` stays the GLOBAL batch: each step takes
-the same global batch as a single-process run (its order is a function of (seed, epoch)),
-rank r computes on the r-th contiguous share of it, split into `train.grad_accum`
-micro-batches, and the averaged gradient is that of the whole global batch. So
-
-    per-rank micro-batch = train.batch_size / (world size x train.grad_accum)
-
-and N GPUs reproduce the single-GPU run up to float rounding (without dropout: each rank
-draws its own dropout masks).
-
-Backends: NCCL on CUDA (one GPU per rank, cuda:LOCAL_RANK), gloo on CPU (what the tests
-use). Everything here is a no-op in a plain single process (world size 1).
+`loopscale train` runs data-parallel when launched by `torchrun`; `train.batch_size` stays the
+GLOBAL batch (per-rank micro-batch = batch_size / (world size x grad_accum)). NCCL on CUDA,
+gloo on CPU; everything here is a no-op in a plain single process. docs/distributed.md.
 """
 from __future__ import annotations
 

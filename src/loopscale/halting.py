@@ -1,35 +1,9 @@
-"""Calibrated post-hoc halting: when may a looped LM stop looping?
+"""Calibrated post-hoc halting (paper Sec. 5): when may a looped LM stop looping?
 
-Every exit k = 1..K of a full pass is read out (the exit readouts the model was trained
-with), and three confidence scores are computed per token from exit k's logits z:
-
-  max_prob   max_v softmax(z)_v
-  margin     z_top1 − z_top2                       (logit margin)
-  entropy    1 − H(softmax z) / log V              (normalised-entropy confidence, 1 = certain)
-
-A policy exits at the first loop k < K whose confidence reaches a threshold τ (else at K):
-  sequence   per window: the window's mean token confidence decides; all its tokens use exit k
-  token      per token: each token takes the first exit whose confidence passes; its loss is that
-             exit's CE (post hoc only: a causal model cannot skip loops for single tokens)
-
-τ is calibrated on the first half of the halting windows: among the observed confidence
-quantiles (and "never exit early"), the one reaching PPL ≤ (1+ε)·PPL_full with the fewest mean
-loops. It is then reported on the disjoint second half. For the sequence policy the model is
-also run for real with dynamic depth (finished sequences leave the batch) and timed against
-full-depth execution on the same second half.
-
-Beside it, `paper` is the paper's own protocol (Table 8 and the early-exit curves; the
-official `src/eval/adaptive_halt_benchmark.py` and `src/eval/early_exit_curve.py`), on all
-the halting windows:
-
-  curve       fixed exits k = 1..K and, per policy and granularity, the sweep of thresholds
-              {min − 1e-6} ∪ PAPER_CURVE_THRESHOLDS quantiles of the early-exit confidences
-              ∪ {max + 1e-6}; a unit's CE is its summed token CE, PPL = exp(ΣCE / Σtokens)
-  calibrated  per policy (sequence granularity): the threshold among PAPER_HALT_THRESHOLDS
-              quantiles reaching PPL ≤ (1+ε)·PPL_K with the fewest mean loops (ties: the lowest
-              threshold), calibrated *in sample*: the benchmark runs on the same windows. Its
-              fixed-depth baseline computes every exit's logits (as the paper's full forward
-              does) and is timed against the real dynamic-depth execution.
+Every exit's per-token confidences (max_prob, margin, entropy); thresholds calibrated on one
+half of the halting windows and reported on the other (sequence and token policies); the real
+dynamic-depth run timed against full depth; and beside it `paper`, the paper's own protocol
+(Table 8 and the early-exit curves). Definitions: docs/diagnostics.md, "halting".
 """
 from __future__ import annotations
 
@@ -77,16 +51,10 @@ def collect(run: EvalRun, starts: np.ndarray) -> tuple[np.ndarray, dict]:
     K, T, model = run.K, run.seq_len, run.model
     ce_all, conf_all = [], {p: [] for p in POLICIES}
     for x, y in batches(run, starts, "halting"):
-        states = model(x)
-        ce_k, conf_k = [], {p: [] for p in POLICIES}
-        for k, h in enumerate(states):
-            ce, conf = exit_token_stats(model, h, y, final=k == K - 1, k=k + 1)
-            ce_k.append(ce.view(-1, T))
-            for p in POLICIES:
-                conf_k[p].append(conf[p].view(-1, T))
-        ce_all.append(torch.stack(ce_k, -1).double().cpu())
+        stats = [exit_token_stats(model, h, y, final=k == K - 1, k=k + 1) for k, h in enumerate(model(x))]
+        ce_all.append(torch.stack([ce.view(-1, T) for ce, _ in stats], -1).double().cpu())
         for p in POLICIES:
-            conf_all[p].append(torch.stack(conf_k[p], -1).double().cpu())
+            conf_all[p].append(torch.stack([conf[p].view(-1, T) for _, conf in stats], -1).double().cpu())
     return torch.cat(ce_all).numpy(), {p: torch.cat(v).numpy() for p, v in conf_all.items()}
 
 
@@ -240,14 +208,9 @@ def paper_protocol(run: EvalRun, ce: np.ndarray, conf: dict, starts: np.ndarray)
     calibrated = {p: {"policy": p, "official_policy": PAPER_POLICY[p],
                       **paper_calibrate(unit_ce, tokens, paper_units(ce, conf[p], "sequence")[2], target)}
                   for p in POLICIES}
-    data = []
-    for i in range(0, len(starts), e.batch_size):
-        x, y = D.get_batch(run.tokens, starts[i:i + e.batch_size], run.seq_len)
-        data.append((x.to(run.device), y.to(run.device)))
+    data = _device_batches(run, starts)
     variants = {ALL_EXITS: (ALL_EXITS, None),
                 **{p: (p, c["threshold"], "paper") for p, c in calibrated.items() if math.isfinite(c["threshold"])}}
-    for spec in variants.values():  # warm-up: one batch of each execution
-        _execute(run.model, *data[0], *spec)
     timed = timed_passes(run, data, variants)
     n_tok = int(tokens.sum())
     fixed_s, fixed_ce, _ = timed[ALL_EXITS]
@@ -272,26 +235,20 @@ def paper_protocol(run: EvalRun, ce: np.ndarray, conf: dict, starts: np.ndarray)
 @torch.inference_mode()
 def dynamic_batch(model, x: torch.Tensor, y: torch.Tensor, policy: Optional[str], tau: Optional[float],
                   paper: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run one batch loop by loop; after loop k < K, windows whose mean confidence is >= τ
-    leave the batch and are scored at exit k. Returns (sum of token CE, sum of token loops)
-    as device tensors. policy=None (or τ=None) runs full depth with one final readout.
-    `paper`: the window confidence of the paper's protocol (float32, paper_window_score)."""
+    """One batch at dynamic depth (docs/diagnostics.md, `dynamic`): (Σ token CE, Σ token loops)
+    as device tensors; policy=None (or τ=None): full depth, one final readout; `paper`: the
+    window confidence of the paper's protocol (paper_window_score)."""
     K = model.cfg.n_loops
     T = x.shape[1]
     h_in = model.embed(x)
-    ce_sum = torch.zeros((), dtype=torch.float64, device=x.device)
-    loops = torch.zeros((), dtype=torch.float64, device=x.device)
+    ce_sum, loops = (torch.zeros((), dtype=torch.float64, device=x.device) for _ in range(2))
     for k in range(1, K + 1):
         h = model.loop(h_in)
         if k == K or policy is None or tau is None:
             if k < K:
                 h_in = model.feed(h, k)
                 continue
-            hr = model.readout(h, True).reshape(-1, h.shape[-1])
-            yf = y.reshape(-1)
-            for s in range(0, hr.shape[0], _CHUNK):
-                z = F.linear(hr[s:s + _CHUNK], model.head_weight).float()
-                ce_sum += F.cross_entropy(z, yf[s:s + _CHUNK], reduction="sum").double()
+            _add_exit_ce(ce_sum, model, h, y, True)
             loops += K * y.numel()
             break
         ce, conf = exit_token_stats(model, h, y, final=False, k=k)
@@ -312,16 +269,28 @@ def all_exits_batch(model, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tens
     """The paper's fixed-depth baseline: a full K-loop pass that reads out every exit (as the
     official forward computes all_logits), scored at exit K. Returns (Σ token CE, Σ token loops)."""
     K = model.cfg.n_loops
-    states = model(x)
-    yf = y.reshape(-1)
     ce_sum = torch.zeros((), dtype=torch.float64, device=x.device)
-    for k, h in enumerate(states):
-        hr = model.readout(h, k == K - 1, k=k + 1).reshape(-1, h.shape[-1])
-        for s in range(0, hr.shape[0], _CHUNK):
-            z = F.linear(hr[s:s + _CHUNK], model.head_weight).float()
-            if k == K - 1:
-                ce_sum += F.cross_entropy(z, yf[s:s + _CHUNK], reduction="sum").double()
+    for k, h in enumerate(model(x)):
+        _add_exit_ce(ce_sum, model, h, y, k == K - 1, k + 1, score=k == K - 1)
     return ce_sum, torch.tensor(float(K * y.numel()), dtype=torch.float64, device=x.device)
+
+
+def _add_exit_ce(ce_sum: torch.Tensor, model, h: torch.Tensor, y: torch.Tensor, final: bool,
+                 k: Optional[int] = None, score: bool = True) -> None:
+    """Add one exit's token CE to `ce_sum` (float64, in place), its logits computed chunk by
+    chunk; `score=False` computes the logits alone (the paper's baseline reads out every exit)."""
+    hr, yf = model.readout(h, final, k=k).reshape(-1, h.shape[-1]), y.reshape(-1)
+    for s in range(0, hr.shape[0], _CHUNK):
+        z = F.linear(hr[s:s + _CHUNK], model.head_weight).float()
+        if score:
+            ce_sum += F.cross_entropy(z, yf[s:s + _CHUNK], reduction="sum").double()
+
+
+def _device_batches(run: EvalRun, starts: np.ndarray) -> list:
+    """The batches of the windows `starts`, loaded onto the device before any timing."""
+    bs = run.ecfg.batch_size
+    cpu = [D.get_batch(run.tokens, starts[i:i + bs], run.seq_len) for i in range(0, len(starts), bs)]
+    return [(x.to(run.device), y.to(run.device)) for x, y in cpu]
 
 
 def _execute(model, x, y, policy, tau, protocol: str = "held_out"):
@@ -332,15 +301,14 @@ def _execute(model, x, y, policy, tau, protocol: str = "held_out"):
 
 
 def timed_passes(run: EvalRun, data: list, variants: dict) -> dict:
-    """Time several executions of the same pre-loaded batches, interleaved batch by batch (so
-    a change in machine load hits all of them alike). variants: {name: (policy, τ[, protocol])};
-    policy ALL_EXITS is the paper's fixed-depth baseline (every exit read out), protocol
-    "paper" its window confidence.
-    Returns {name: (seconds, mean CE, mean loops)}."""
+    """Time the executions `variants` ({name: (policy, τ[, protocol])}; policy ALL_EXITS: the
+    paper's baseline, protocol "paper": its window confidence) interleaved on the same batches
+    (docs/diagnostics.md, "halting"). Returns {name: (seconds, mean CE, mean loops)}."""
     model, dev = run.model, run.device
+    for spec in variants.values():  # warm-up: one batch of each execution
+        _execute(model, *data[0], *spec)
     secs = {v: 0.0 for v in variants}
-    ce_sum = {v: torch.zeros((), dtype=torch.float64, device=dev) for v in variants}
-    loops = {v: torch.zeros((), dtype=torch.float64, device=dev) for v in variants}
+    sums = {v: torch.zeros(2, dtype=torch.float64, device=dev) for v in variants}  # CE, loops
     for x, y in data:
         for v, spec in variants.items():
             sync(dev)
@@ -348,10 +316,9 @@ def timed_passes(run: EvalRun, data: list, variants: dict) -> dict:
             c, l = _execute(model, x, y, *spec)
             sync(dev)
             secs[v] += time.perf_counter() - t0
-            ce_sum[v] += c
-            loops[v] += l
+            sums[v] += torch.stack([c, l])
     n = sum(y.numel() for _, y in data)
-    return {v: (secs[v], float(ce_sum[v]) / n, float(loops[v]) / n) for v in variants}
+    return {v: (secs[v], float(sums[v][0]) / n, float(sums[v][1]) / n) for v in variants}
 
 
 def halting(run: EvalRun) -> tuple[dict, int]:
@@ -377,32 +344,22 @@ def halting(run: EvalRun) -> tuple[dict, int]:
                 **{part: _report(ce[sl], conf[p][sl], tau, g, e.halting_epsilon) for part, sl in parts.items()}}
 
     # real dynamic depth on the test windows (sequence policy), timed against full depth
-    test_starts = starts[n_cal:]
-    bs = e.batch_size
-    data = []
-    for i in range(0, len(test_starts), bs):
-        x, y = D.get_batch(run.tokens, test_starts[i:i + bs], run.seq_len)
-        data.append((x.to(run.device), y.to(run.device)))
+    data = _device_batches(run, starts[n_cal:])
     early = {p: policies[f"{p}/sequence"]["threshold"] for p in POLICIES}
     variants = {"full_depth": (None, None), **{p: (p, tau) for p, tau in early.items() if tau is not None}}
-    for policy, tau in variants.values():  # warm-up: one batch of each execution
-        dynamic_batch(run.model, *data[0], policy, tau)
     timed = timed_passes(run, data, variants)
     full_s, full_ce, _ = timed["full_depth"]
     dynamic = {"full_depth": {"time_s": full_s, "ppl": ppl(full_ce), "mean_loops": float(K)}}
     for p in POLICIES:
-        pol = policies[f"{p}/sequence"]
-        if p in timed:
-            dt, dce, dloops = timed[p]
-        else:  # never exits early: the dynamic execution is the full-depth one
-            dt, dce, dloops = full_s, full_ce, float(K)
+        # never exits early (not timed): the dynamic execution is the full-depth one
+        dt, dce, dloops = timed.get(p, (full_s, full_ce, float(K)))
         dynamic[p] = {"threshold": early[p], "time_s": dt, "speedup": full_s / dt if dt > 0 else None,
                       "mean_loops": dloops, "ppl": ppl(dce), "ppl_ratio": ppl(dce) / ppl(full_ce),
-                      "posthoc_ppl": pol["test"]["ppl"]}
+                      "posthoc_ppl": policies[f"{p}/sequence"]["test"]["ppl"]}
     payload = {"k_train": K, "epsilon": e.halting_epsilon, "target_ppl_ratio": 1 + e.halting_epsilon,
                "windows": {"calib": n_cal, "test": len(starts) - n_cal}, "seq_len": run.seq_len,
                "tokens_per_part": {"calib": n_cal * run.seq_len, "test": (len(starts) - n_cal) * run.seq_len},
                "static_exits": static, "policies": policies,
-               "dynamic": {"batch_size": bs, "granularity": "sequence", **dynamic},
+               "dynamic": {"batch_size": e.batch_size, "granularity": "sequence", **dynamic},
                "paper": paper_protocol(run, ce, conf, starts)}
     return payload, len(starts) * run.seq_len

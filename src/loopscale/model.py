@@ -1,35 +1,10 @@
 """The looped language model, in one file: one `LoopedLM` whose architecture is settings.
 
-One shared stack of decoder blocks is applied K times. After loop k the hidden state H_k is
-both *read out* (logits_k = head(r(H_k))) and *fed back* as the input of loop k+1. Two choices
-decide the paper's story:
-
-  readout r(·)   rmsnorm | layernorm  scale-invariant: r(αH) = r(H), the loss cannot see ‖H‖
-                 raw                  r(H) = H: the loss sees the scale
-                 final_norm           final-only norm: raw at exits 1..K-1, RMSNorm at exit K
-                 alpha_readout        s_ref^(1-α)·s^α·H/s, s = RMS(H) (loopscale.readouts)
-                 tapernorm            gate·RMSNorm(H) + (1-gate)·c·H·w, gate 1 -> 0 in training
-                 final_raw | final_alpha | per_loop_alpha   the Ouro track's (Appendix B)
-  recurrence     residual             H_k feeds loop k+1 as is (paper default)
-                 inter_loop_norm      RMSNorm(H_k) feeds loop k+1 (scale removed from the loop)
-                 spectral_damping     σ(a)·H_k feeds loop k+1 (a learned scalar)
-
-An optional exit gate (model.exit_gate; the adaptive loss reads it) maps H_k (or r(H_k)) to the
-logit of exiting at loop k. The readouts are entries of loopscale.registry.READOUTS (each names
-the architectures it applies to); the norms they are made of are modules of loopscale.readouts.
-
-The rest of the network is an `Architecture`, a named entry of `ARCHITECTURES` (`model.arch`):
-
-  looped  the paper's setup (Section 3): learned absolute positions added once, pre-norm
-          blocks, no biases, SwiGLU MLP, LM head tied to the token embedding, dropout on the
-          embedding sum, the attention probabilities and the SwiGLU output, PyTorch default
-          initialisation (so token embeddings are N(0, 1)).
-  ouro    ByteDance's published Ouro (Appendix B): rotary positions, grouped key/value heads,
-          sandwich-norm blocks (a norm before and after attention and the MLP), RMSNorm in fp32,
-          an untied head, one step norm that is both the inter-loop norm and the readout at the
-          exits k < K (so model.recurrence is not read), an exit gate on r(H_k) always present.
-          Its published parameter names map to ours in `to_published` / `from_published`, so
-          its state dicts keep those names.
+One shared stack of decoder blocks is applied K times; after loop k the state H_k is both read
+out (logits_k = head(r(H_k)); the readouts: loopscale.registry.READOUTS) and fed back through
+the recurrence. The rest of the network is an `Architecture` of `ARCHITECTURES` (`looped`, the
+paper's Section 3 setup; `ouro`, Appendix B). The readout and architecture tables:
+docs/architecture.md, "Inside the core modules".
 """
 from __future__ import annotations
 
@@ -118,17 +93,15 @@ class Attention(nn.Module):
         self.n_heads, self.n_kv = cfg.n_heads, cfg.n_kv_heads or cfg.n_heads
         self.head_dim = cfg.d_model // cfg.n_heads
         self.theta = cfg.rope_theta if architecture(cfg).positions == "rope" else None
-        self.sizes = [self.n_heads * self.head_dim, self.n_kv * self.head_dim, self.n_kv * self.head_dim]
+        self.sizes = _qkv_sizes(cfg)
         self.qkv = nn.Linear(cfg.d_model, sum(self.sizes), bias=False)  # rows: q, then k, then v
         self.proj = nn.Linear(self.n_heads * self.head_dim, cfg.d_model, bias=False)
         self.dropout = cfg.dropout
 
     def forward(self, x: torch.Tensor, cache: KVCache | None = None) -> torch.Tensor:
         B, T, _ = x.shape
-        q, k, v = self.qkv(x).split(self.sizes, dim=-1)
-        q = q.view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
-        k = k.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
-        v = v.view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        q, k, v = (t.view(B, T, n, self.head_dim).transpose(1, 2)  # [B, heads, T, head_dim]
+                   for t, n in zip(self.qkv(x).split(self.sizes, dim=-1), (self.n_heads, self.n_kv, self.n_kv)))
         past = 0 if cache is None else len(cache)
         if self.theta is not None:
             q, k = rope(q, past, self.theta), rope(k, past, self.theta)
@@ -138,8 +111,7 @@ class Attention(nn.Module):
             if past and T > 1:  # query i sits at position past + i
                 mask = torch.ones(T, past + T, dtype=torch.bool, device=x.device).tril(diagonal=past)
         if self.n_kv != self.n_heads:
-            k = k.repeat_interleave(self.n_heads // self.n_kv, dim=1)
-            v = v.repeat_interleave(self.n_heads // self.n_kv, dim=1)
+            k, v = (t.repeat_interleave(self.n_heads // self.n_kv, dim=1) for t in (k, v))
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=past == 0,
                                            dropout_p=self.dropout if self.training else 0.0)
         return self.proj(y.transpose(1, 2).reshape(B, T, -1))
@@ -319,11 +291,10 @@ class LoopedLM(nn.Module):
 
     # -- training ---------------------------------------------------------------
     def set_objective(self, objective) -> None:
-        """Training calls this before wrapping the model for data parallelism: the exit gate
-        of an architecture that always has one (Ouro) is trained only under a loss that reads
-        it (registry.GATED_LOSSES); otherwise its
-        weights become constants (buffers, saved under the same names), as DDP refuses
-        parameters that get no gradient."""
+        """Training calls this before wrapping the model for data parallelism: an always-present
+        exit gate (Ouro's) is trained only under a loss that reads it (registry.GATED_LOSSES);
+        otherwise its weights become buffers of the same names, as DDP refuses parameters that
+        get no gradient."""
         if self.exit_gate is None or not self.arch.always_gated or getattr(objective, "loss", None) in GATED_LOSSES:
             return
         for name, p in list(self.exit_gate.named_parameters(recurse=False)):
@@ -398,11 +369,14 @@ _PUBLISHED_TOP = {"tok_emb.": "model.embed_tokens.", "final_readout.": "model.al
                   "exit_gate.": "model.early_exit_gate.", "lm_head.": "lm_head."}
 
 
+def _qkv_sizes(cfg: ModelConfig) -> list[int]:
+    """Widths of q, k and v in the fused projection (k, v: n_kv_heads heads)."""
+    hd = cfg.d_model // cfg.n_heads
+    return [cfg.n_heads * hd, (cfg.n_kv_heads or cfg.n_heads) * hd, (cfg.n_kv_heads or cfg.n_heads) * hd]
+
+
 def _split_sizes(name: str, t: torch.Tensor, cfg: ModelConfig) -> list[int]:
-    if name == "attn.qkv.weight":
-        hd = cfg.d_model // cfg.n_heads
-        return [cfg.n_heads * hd, (cfg.n_kv_heads or cfg.n_heads) * hd, (cfg.n_kv_heads or cfg.n_heads) * hd]
-    return [t.shape[0] // 2, t.shape[0] // 2]
+    return _qkv_sizes(cfg) if name == "attn.qkv.weight" else [t.shape[0] // 2, t.shape[0] // 2]
 
 
 def to_published(state: dict, cfg: ModelConfig) -> dict:
@@ -445,10 +419,8 @@ def from_published(state: dict, cfg: ModelConfig) -> dict:
                 continue
             old = next((o for o in inverse_block if rest.startswith(o)), None)
             out[f"blocks.{i}." + inverse_block[old] + rest[len(old):] if old else k] = v
-        elif k.startswith("model.norm."):
-            out["readout_norm." + k[len("model.norm."):]] = v
-        elif k.startswith("model.alpha_readouts."):
-            out["readout_norm." + k[len("model.alpha_readouts."):]] = v
+        elif k.startswith(("model.norm.", "model.alpha_readouts.")):  # the step norm(s) or alpha readouts
+            out["readout_norm." + k.split(".", 2)[2]] = v
         else:
             old = next((o for o in inverse_top if k.startswith(o)), None)
             out[inverse_top[old] + k[len(old):] if old else k] = v
@@ -478,14 +450,7 @@ def _load_published(module: LoopedLM, state: dict, prefix: str, local_metadata, 
 # ---------------------------------------------------------------------------
 def flops_per_token(cfg: ModelConfig, n_loops: int | None = None, n_readouts: int | None = None) -> int:
     """Forward matmul FLOPs per token (2 per multiply-add) of any architecture: the shared stack
-    once per loop, the vocabulary head (tied or not: one d x V product) once per readout.
-
-    Per layer: the q and output projections (d x d each), the k and v projections (d x
-    n_kv_heads·head_dim each: smaller under grouped-query attention), the SwiGLU (3·d·d_ff), and
-    attention at seq_len T, causal, so on average T/2 keys per query: QK^T and AV, each T/2·d
-    multiply-adds whatever the key/value grouping (every query head reads its keys). Per loop,
-    the exit gate's d-wide dot product where the model has one. Not counted: embeddings and
-    position tables, RoPE's rotation, norms, softmax, the alpha readouts' scalings."""
+    once per loop, the vocabulary head once per readout (what is counted: docs/performance.md)."""
     K = cfg.n_loops if n_loops is None else n_loops
     R = K if n_readouts is None else n_readouts
     T, d, f = cfg.seq_len, cfg.d_model, cfg.d_ff

@@ -1,27 +1,8 @@
 """The norms a readout is made of, as small named modules: `NORMS` maps each kind that
-`loopscale.registry.READOUTS` names (a readout's `exit_norm` / `final_norm`) to its builder.
-
-  rmsnorm       RMSNorm (nn.RMSNorm; `RMSNorm` below where the architecture computes it in fp32)
-  layernorm     LayerNorm without bias
-  alpha         AlphaReadout
-  taper         TaperNorm
-
-The last two are neither scale-invariant nor raw; both come from the official release of
-the paper (`src/models/refiner.py`, selected by `model.decode_norm_type` in
-`src/models/ar_looplm.py`):
-
-  AlphaReadout  s = RMS(h), u = h / s, r(h) = s_ref^(1-α) · s^α · u  (· g with a gain)
-                α = 0: a constant-scale readout (RMSNorm without gain); α = 1: the raw state.
-                α = α_min + (α_max - α_min)·σ(alpha_logit) (learned) or fixed;
-                log s_ref an EMA of mean log s (training mode), fixed, or learned.
-  TaperNorm     r(h) = g·RMSNorm(h) + (1 - g)·c·h·w_s, gate g driven by the training step:
-                1 during warm-up, then a cosine decay to 0 (`taper_gate`). At the first step
-                past warm-up the norm is *calibrated*: w_s ← the RMSNorm gain, c ← an EMA ratio
-                (collected while uncalibrated) that makes c·h·w match RMSNorm(h) in size.
-
-A new kind of norm is a module here and an entry of `NORMS`; a new readout made of the
-existing kinds is a registry entry only. Nothing here imports the rest of loopscale (the
-builders read the model settings they need from any object with ModelConfig's fields).
+`loopscale.registry.READOUTS` names (rmsnorm, layernorm, alpha, taper) to its builder.
+AlphaReadout and TaperNorm follow the paper's official release (`src/models/refiner.py`);
+their formulas: docs/architecture.md, "Inside the core modules". Nothing here imports the rest
+of loopscale (the builders read any object with ModelConfig's fields).
 """
 from __future__ import annotations
 

@@ -1,26 +1,6 @@
-"""The run directory of a trainer: its lock, its resumable state, preemption, and the finished run.
-
-A trainer (`loopscale train`, `loopscale train-stream`; the loop is `loopscale.train.fit`)
-works inside `run_directory`: the directory is created and locked for the duration (a second
-trainer on it is refused before anything in it is touched), temporary files of a killed write
-are removed, and a finished run of the same settings is returned as it is instead of being
-trained again (one of other settings is refused). Around the loop:
-
-  state.pt      the resumable state (model, optimiser, every rank's RNG, step): `load_state`
-                reads it back when the settings match (`same_settings`), `drop_stale` deletes
-                one of other settings
-  preemption    `SigtermFlag` turns SIGTERM (SLURM's warning before a time limit) into a last
-                state.pt and `Preempted` (exit 143); `stop_with_parent` does the same when the
-                launching process dies
-  outputs       `invalidate_outputs` removes what an earlier run of the directory finished
-                before this one trains; `keep_finished` gives a finished model.pt and
-                summary.json second names, from which `restore_finished` puts them back after
-                Snakemake deleted them as "incomplete"
-  failures      `record_failure` writes a crashed run's summary ("failed"); `lost_peer` tells a
-                lost torchrun peer (the job's failure, retried) from the run's own error
-
-The run record (loopscale.json: config, provenance, data identity) and the artifact files are
-written by `loopscale.artifacts`, which also loads them (`loopscale.load`).
+"""The run directory of a trainer: its lock, its resumable state, preemption, and the finished run
+(`run_directory`, `load_state`, `SigtermFlag`, `keep_finished` / `restore_finished`,
+`record_failure`). An overview: docs/architecture.md, "Inside the core modules".
 """
 from __future__ import annotations
 
@@ -30,6 +10,7 @@ import json
 import logging
 import os
 import re
+import shutil
 import signal
 import threading
 import time
@@ -175,20 +156,14 @@ def lost_peer(error: BaseException, world: int) -> bool:
 
 
 def record_failure(cfg: RunConfig, out_dir: str | Path, error: BaseException) -> dict:
-    """Mark a run that crashed as failed, keeping state.pt for a later retry.
-
-    Writes summary.json (status "failed") and, so that every outcome leaves the same files,
-    model.pt as a record without weights ({"status": "failed", "config", "error"}): loading
-    it names the failure (io.load_checkpoint), evaluating it writes "failed" results. The
-    weights file of an earlier run of this directory (model.safetensors) is removed."""
+    """Mark a run that crashed as failed (summary.json and a model.pt without weights; see
+    docs/architecture.md, `rundir.py`), keeping state.pt for a later retry."""
     summary = {"status": "failed", "error": f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"[:500],
                "steps": None, "config_fingerprint": cfg.fingerprint()}
     state = Path(out_dir) / "state.pt"
     if state.exists():
-        try:
+        with contextlib.suppress(CheckpointError):
             summary["steps"] = load_checkpoint(state)["step"]
-        except CheckpointError:
-            pass
     atomic_torch_save(Path(out_dir) / "model.pt", {"status": "failed", "config": cfg.to_dict(),
                                                    "error": summary["error"]})
     from .artifacts import WEIGHTS
@@ -197,7 +172,6 @@ def record_failure(cfg: RunConfig, out_dir: str | Path, error: BaseException) ->
         (Path(out_dir) / kept).unlink(missing_ok=True)
     atomic_write_json(Path(out_dir) / "summary.json", summary)
     return summary
-
 
 
 def result_fingerprint(cfg: RunConfig | dict, stream: dict | None = None) -> str:
@@ -294,30 +268,21 @@ def restore_finished(out: Path, fingerprint: str) -> bool:
 
 
 def invalidate_outputs(out: Path, fresh: bool) -> None:
-    """Before training starts or resumes, remove what an earlier run of this directory left:
-    a run that trains is unfinished, so every finished-run file there is another run's (a
-    retrain with new settings, --no-resume, a resumed state after a kill), and must never sit
-    beside the new loopscale.json looking "completed" (a kill or SIGTERM mid-run). Only the named
-    files go (summary.json and the Hugging Face config.json, which marks a complete artifact,
-    first); a fresh start also drops tensorboard/."""
+    """Before training starts or resumes, remove the finished-run files an earlier run of this
+    directory left (docs/architecture.md, `rundir.py`); a fresh start also drops tensorboard/."""
     for p in [*(out / k for k in KEPT.values()), *run_outputs(out)]:
         p.unlink(missing_ok=True)
     with contextlib.suppress(OSError):
         (out / "eval").rmdir()  # only when empty: it may hold files that are not ours
     if fresh:
-        if (out / "tensorboard").is_dir():
-            import shutil
-            shutil.rmtree(out / "tensorboard", ignore_errors=True)
+        shutil.rmtree(out / "tensorboard", ignore_errors=True)  # nothing there: a no-op
 
 
 def drop_stale(run_dir: str | Path, cfg: RunConfig, extra: dict | None = None) -> bool:
-    """Delete RUN/state.pt when it was written with other training settings than `cfg` (and,
-    for a streamed run, other `extra` entries, e.g. {"stream": ...}): a settings change makes it
-    useless; resuming it would raise. Used by `loopscale train --drop-stale-state` and
-    `loopscale train-stream --drop-stale-state` (the pipeline's training jobs), inside the run
-    lock (run_directory), so a running trainer's state.pt is never touched.
-
-    Returns True when it was deleted."""
+    """Delete RUN/state.pt when it was written with other training settings than `cfg` (or
+    other `extra` entries, e.g. {"stream": ...}): resuming it would raise. `--drop-stale-state`
+    calls it inside the run lock, so a running trainer's state.pt is never touched. True when
+    it was deleted."""
     state = Path(run_dir) / "state.pt"
     if not state.exists():
         return False
@@ -336,15 +301,11 @@ def drop_stale(run_dir: str | Path, cfg: RunConfig, extra: dict | None = None) -
 def run_directory(out_dir: str | Path, what: str, fingerprint: str, *, resume: bool,
                   legacy: Callable[[dict], bool] | None = None,
                   drop_stale: Callable[[Path], object] | None = None) -> Iterator[dict | None]:
-    """The run directory of a trainer (`loopscale train`, `loopscale train-stream`), created
-    and locked for the duration of the block (a second trainer on it is refused with one line,
-    before anything in it is touched); leftovers of a killed run are removed first. Yields the
-    summary of the finished run of these settings (`fingerprint`, see result_fingerprint) that
-    the directory holds, which the trainer returns instead of training, or None: the trainer
-    trains (resuming its state.pt). A finished run of other settings is refused (CheckpointError);
-    `resume=False` (--no-resume) trains over whatever the directory holds. `drop_stale`
-    (--drop-stale-state) is called on the directory once it is locked: it may delete a state.pt
-    of other settings, never one a running trainer is writing."""
+    """The run directory of a trainer, created and locked for the block (docs/architecture.md,
+    `rundir.py`). Yields the summary of a finished run of these settings (`fingerprint`), which
+    the trainer returns instead of training, or None (train, resuming state.pt); a finished run
+    of other settings is refused (CheckpointError) unless `resume=False`. `drop_stale`
+    (--drop-stale-state) is called once the directory is locked."""
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)

@@ -1,32 +1,8 @@
-"""The one training loop, `fit`: AdamW over a batch source and a learning-rate schedule,
-resumable, crash-safe.
-
-A batch source is a small class with one interface (`BatchSource`): `TokenFiles` reads a prepared
-data directory (`loopscale train`, constant learning rate), `loopscale.train_stream.Stream` a
-streamed corpus (`loopscale train-stream`, Appendix B's cosine schedule). `LoopSettings` holds
-what the two entry points run differently. Files written into the run directory:
-  loopscale.json  the run record: resolved config, provenance (package, git commit, torch,
-                  device) and the data's identity (a streamed run: its stream settings)
-  metrics.jsonl   one JSON record every `log_every` steps (+ validation records)
-  state.pt        resumable state every `ckpt_every` steps and on SIGTERM
-                  (model, optimiser, RNG, step, a stream's position); removed once the run is finished
-  model.pt        final weights + config (+ status), what the evaluations read; like state.pt
-                  it records its weights' content hash (verified on load) and the data's identity
-  model.safetensors, config.json (Hugging Face), modeling_loopscale.py, tokenizer.json,
-  tokenizer_config.json, special_tokens_map.json
-                  the run as a self-contained artifact (artifacts.py, `loopscale.load`, loopscale.hf)
-  summary.json    status (completed | diverged), steps, tokens, final validation, wall time
-  tensorboard/, wandb/   the same curves, with train.tensorboard / train.wandb
-
-The batch of a step does not depend on where training (re)started (token files: the data order
-is a function of (seed, epoch); a stream resumes after the chunks it consumed), so a resumed run
-sees exactly the batches an uninterrupted one would, and with the RNG state restored it computes
-the same losses bit for bit on CPU.
-
-Launched by torchrun, the same loop trains data-parallel (loopscale.distributed; DDP, or FSDP
-with train.fsdp): each rank computes on its share of the same global batch, rank 0 alone writes
-the files above (state.pt holds every rank's RNG state), and SIGTERM or a non-finite value on
-any rank stops every rank at the same step.
+"""The one training loop, `fit`: AdamW over a batch source (`BatchSource`: `TokenFiles` or
+`loopscale.train_stream.Stream`) and a learning-rate schedule, resumable, crash-safe, and
+data-parallel under torchrun (rank 0 alone writes files). A resumed run sees exactly the
+batches an uninterrupted one would. The files of a run directory: docs/architecture.md,
+"Inside the core modules".
 """
 from __future__ import annotations
 
@@ -74,8 +50,7 @@ def build(cfg: RunConfig, device: torch.device, *, compile: bool | None = None, 
     if dtype is not None:
         model = model.to(dtype)
     model.checkpoint_blocks = tc.activation_checkpointing if checkpoint is None else checkpoint
-    if hasattr(model, "set_objective"):  # parameters only some objectives train (Ouro's exit gate)
-        model.set_objective(cfg.objective)
+    model.set_objective(cfg.objective)  # parameters only some objectives train (Ouro's exit gate)
     net = DD.wrap(model, dd, tc.fsdp)  # before the optimiser: FSDP replaces the parameters
     opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, betas=tuple(tc.betas), weight_decay=tc.weight_decay,
                             fused=fused and device.type == "cuda" and not (dd.enabled and tc.fsdp))
@@ -116,22 +91,9 @@ class StepOutput:
 def train_step(model: LoopedLM, fwd, opt: torch.optim.Optimizer, x: torch.Tensor, y: torch.Tensor,
                cfg: RunConfig, device: torch.device, *, all_exits: bool = False,
                dd: DD.Dist = DD.Dist(), guard: LastFinite | None = None) -> StepOutput:
-    """One optimiser step: forward under autocast, the objective, backward, gradient clipping,
-    the divergence check, AdamW. A non-finite loss, gradient or norm is caught before the
-    update, so a diverged update never lands (one host synchronisation per step). With a
-    `guard` (training passes one) the weights after the update are checked too, and a step
-    that made any of them non-finite is undone.
-
-    `fwd` runs the forward pass (the model, its compiled or a data-parallel wrapper); `model`
-    gives the readout and head the objective reads. `all_exits` also measures the exits that
-    are not in the loss (for logging).
-
-    Data-parallel (`dd` of a torchrun job): x, y are this rank's share of the global batch;
-    the gradients are averaged over the ranks, and the divergence check is agreed by all of
-    them (one all-reduce), so every rank updates or stops at the same step. The returned
-    loss values are this rank's (`global_mean` gives the global batch's). With
-    train.grad_accum > 1, x, y are split into that many micro-batches, their gradients
-    summed before one update (reduced across ranks once, after the last)."""
+    """One optimiser step (docs/architecture.md, `train.py`): `fwd` runs the forward pass,
+    `model` gives the readout and head; `all_exits` also measures the exits outside the loss;
+    with a `guard` a step that left any weight non-finite is undone."""
     parts = cfg.train.grad_accum
     opt.zero_grad(set_to_none=True)
     res = None
@@ -146,15 +108,14 @@ def train_step(model: LoopedLM, fwd, opt: torch.optim.Optimizer, x: torch.Tensor
         res = _scale(res, 1 / parts)
     gnorm = DD.full_tensor(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip))
     bad = ~(torch.isfinite(res.total) & torch.isfinite(gnorm) & torch.isfinite(res.norms).all())
-    if guard is None:
-        finite = not bool(DD.any_true(bad, dd))
-        if finite:
-            opt.step()
-        return StepOutput(res, gnorm, finite)
-    guard.save()
-    opt.step()
-    finite = not bool(DD.any_true(bad | ~guard.finite(), dd))  # still one synchronisation
-    if not finite:
+    if guard is not None:  # step first, then check the weights too: still one synchronisation
+        guard.save()
+        opt.step()
+        bad = bad | ~guard.finite()
+    finite = not bool(DD.any_true(bad, dd))
+    if guard is None and finite:
+        opt.step()
+    elif guard is not None and not finite:
         guard.restore()
     return StepOutput(res, gnorm, finite)
 
@@ -265,13 +226,10 @@ class LoopSettings:
 # ---------------------------------------------------------------------------
 def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: bool = True,
           progress: bool = True, drop_stale_state: bool = False) -> dict:
-    """Train one run on a prepared data directory; returns the summary dict (also written to
-    summary.json).
-
-    The run directory is locked for the duration (a second trainer on it is refused);
-    leftovers of a killed run are removed first; a finished run of these settings is
-    returned as it is (run_directory). `drop_stale_state`: a state.pt of other settings is
-    deleted (training starts over) instead of refused."""
+    """Train one run on a prepared data directory in the locked run directory `out_dir`
+    (rundir.run_directory: a finished run of these settings is returned as it is); returns the
+    summary (summary.json). `drop_stale_state`: a state.pt of other settings is deleted
+    (training starts over) instead of refused."""
     fp = result_fingerprint(cfg)
     with run_directory(out_dir, "loopscale train", fp, resume=resume,
                        legacy=lambda summary: summary.get("config_fingerprint") == cfg.fingerprint(),
@@ -283,12 +241,10 @@ def train(cfg: RunConfig, data_dir: str | Path, out_dir: str | Path, *, resume: 
 
 def fit(cfg: RunConfig, source: BatchSource, out: Path, fingerprint: str, *, lr: Optional[Callable[[int], float]] = None,
         resume: bool = True, progress: bool = True, settings: LoopSettings = LoopSettings()) -> dict:
-    """Train `cfg` on the batches of `source` into the run directory
-    `out`, locked by the caller (rundir.run_directory), and return the summary (summary.json).
-    `lr(step)`: the learning rate of the 1-based optimiser step (default: train.lr throughout);
-    `fingerprint`: the run's result fingerprint (rundir.result_fingerprint); `resume`: continue
-    from a state.pt of the same settings (else start over); `progress`: a progress bar on a
-    terminal."""
+    """Train `cfg` on the batches of `source` into the run directory `out` (locked by the
+    caller, rundir.run_directory) and return the summary (summary.json). `lr(step)`: the rate
+    of the 1-based optimiser step (default: train.lr); `fingerprint`: rundir.result_fingerprint;
+    `resume`: continue from a state.pt of the same settings; `progress`: a bar on a terminal."""
     t0, tc = time.time(), cfg.train
     if tc.threads > 0:
         torch.set_num_threads(tc.threads)
