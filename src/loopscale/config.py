@@ -1,17 +1,10 @@
 """Run and evaluation configuration: dataclasses, presets, overrides and validation.
 
-A run is described by one `RunConfig` (model + objective + data + train): everything the
-trained weights depend on, plus the training loop's own settings. How a trained run is
-evaluated is a separate `EvalConfig` (RUN/eval.yaml in the pipeline), so an evaluation
-setting never touches training. Both round-trip through plain dicts (JSON/YAML).
-
-Each field declares its type and the values it may take once, on its annotation
-(`typing.Annotated` with a `Range` or `Choices`; the condition axes' names come from
-`loopscale.registry`). From those, `from_mapping` builds any config dataclass from a mapping
-(unknown keys, wrong types, unknown values and out-of-range numbers are one `ConfigError`
-line naming the key), and `settings_schemas` writes the JSON schema of the settings that
-params.yaml's schema ends with (workflow/schemas/params.schema.yaml, tools/settings_schema.py).
-`validate` then checks the settings that constrain each other.
+A `RunConfig` (model + objective + data + train) is what the trained weights depend on; an
+`EvalConfig` (RUN/eval.yaml) is how a trained run is evaluated. Each field declares its type
+and allowed values once, on its annotation (`Range`, `Choices`); `from_mapping` checks them and
+`settings_schemas` turns them into params.yaml's JSON schema. docs/usage.md ("Configuration
+code") has the details.
 """
 from __future__ import annotations
 
@@ -355,22 +348,21 @@ MODEL_PRESETS: dict[str, dict] = {
                                   ckpt_every=10, eval_tokens=2048, eval_batch_size=8)),
 }
 
+# the evaluation settings of the test-size presets (smoke, ouro-tiny, ouro-smoke)
+_TINY_EVAL = dict(batch_size=8, max_tokens=4096, norm_tokens=2048, radial_tokens=1024, lemma_loops=8,
+                  lemma_tokens=1024, clamp_tokens=2048, halting_tokens=4096, throughput_batches=3,
+                  throughput_warmup=1)
+
 # the evaluation settings that go with each preset (EvalConfig fields; paper: the defaults)
 EVAL_PRESETS: dict[str, dict] = {
     "paper-44m": {},
     "paper-129m": {},
     "paper-1.4b": {},
     "cpu": dict(batch_size=32, max_tokens=65536),
-    "smoke": dict(batch_size=8, max_tokens=4096, norm_tokens=2048, radial_tokens=1024, lemma_loops=8,
-                  lemma_tokens=1024, clamp_tokens=2048, halting_tokens=4096, throughput_batches=3, scale_tokens=2048,
-                  throughput_warmup=1),
+    "smoke": dict(_TINY_EVAL, scale_tokens=2048),
     "ouro-1.4b": dict(batch_size=2, max_tokens=32768, depth_factor=2),  # official: K = 1..8, 8 batches x 2 x 2048
-    "ouro-tiny": dict(batch_size=8, max_tokens=4096, norm_tokens=2048, radial_tokens=1024, lemma_loops=8,
-                      lemma_tokens=1024, clamp_tokens=2048, halting_tokens=4096, throughput_batches=3,
-                      throughput_warmup=1),
-    "ouro-smoke": dict(batch_size=8, max_tokens=4096, norm_tokens=2048, radial_tokens=1024, lemma_loops=8,
-                       lemma_tokens=1024, clamp_tokens=2048, halting_tokens=4096, throughput_batches=3,
-                       throughput_warmup=1),
+    "ouro-tiny": dict(_TINY_EVAL),
+    "ouro-smoke": dict(_TINY_EVAL),
 }
 
 

@@ -1,39 +1,10 @@
 """Helpers for the Snakemake pipeline (Snakefile, workflow/rules/*.smk).
 
-`params.yaml` is the one source of truth of the pipeline. This module
-
-* validates it: first against `workflow/schemas/params.schema.yaml` (unknown keys, wrong
-  types, unknown condition values; its enums are filled in from `loopscale.registry`), then
-  by building every run's `RunConfig` and `EvalConfig` with `loopscale.config`: the layers
-  of a run are merged once and validated once; when that fails, the layer that broke it is
-  found and named, so a bad value is reported with the params key that set it. Every
-  problem is one `ParamsError` whose message is one line naming the key;
-* expands an experiment into runs: sizes x conditions x seeds, where conditions come
-  from named condition sets, inline lists and grids of axes;
-* gives the text of each settings file (`settings_files`), which the workflow's settings
-  rule writes, one local job per file, before the jobs that read it (nothing is written
-  while Snakemake parses the workflow):
-
-    data/<exp>/config.yaml                 the data settings (input of prepare_data)
-    runs/<exp>/<size>/<cond>/seed<seed>/config.yaml
-                                           the run's training config (RunConfig: what the
-                                           trained weights depend on; input of train)
-    runs/<exp>/<size>/<cond>/seed<seed>/eval.yaml
-                                           the run's evaluation settings (EvalConfig;
-                                           input of its evaluations, --eval-config)
-    runs/<exp>/<size>/<cond>/seed<seed>/stream.yaml
-                                           a streamed run's stream settings (train-stream)
-
-  A file is rewritten only when its text changes (`write_if_changed`), so a changed setting
-  reruns exactly the jobs that read a changed file, also in a fresh clone without Snakemake's
-  metadata (`settings_stale`);
-* lists the code each stage runs (`stage_code`), an input of the stage's jobs.
-
-where <cond> is the condition id `<readout>-<loss>-<regularizer>-<recurrence>`
-(`loopscale.registry.Condition.id`).
-
-The module imports only `loopscale.config` and `loopscale.registry` (no torch) so the DAG
-builds fast; the `python -m loopscale.pipeline` commands used inside jobs may import more.
+Validates params.yaml (its schema, then every run's RunConfig and EvalConfig; each problem is one
+`ParamsError` line naming the params key), expands experiments into runs (sizes x conditions x
+seeds), gives the text of each settings file (`settings_files`) and lists the code each stage
+runs (`stage_code`). docs/pipeline.md ("The pipeline module") describes the files it writes.
+Imports only `loopscale.config` and `loopscale.registry` (no torch), so the DAG builds fast.
 """
 from __future__ import annotations
 
