@@ -289,6 +289,13 @@ class RunConfig:
 # ---------------------------------------------------------------------------
 # presets
 # ---------------------------------------------------------------------------
+# the training settings of the test-size presets (smoke, ouro-tiny, ouro-smoke) and the Ouro
+# architecture the last two share
+_TINY_TRAIN = dict(batch_size=8, lr=1e-3, max_steps=30, stride=32, log_every=5, ckpt_every=10,
+                   eval_tokens=2048, eval_batch_size=8)
+_TINY_OURO = dict(arch="ouro", vocab_size=2048, d_model=32, d_ff=64, seq_len=32, n_loops=4, dropout=0.0,
+                  rope_theta=1e4, init="gpt2", readout="rmsnorm", recurrence="inter_loop_norm")
+
 MODEL_PRESETS: dict[str, dict] = {
     # the paper's experimental setup: 44M = d512, 8 layers, 8 heads, SwiGLU 2048, seq 256, K=4, batch 64
     "paper-44m": dict(model=dict(vocab_size=20000, d_model=512, n_layers=8, n_heads=8, d_ff=2048,
@@ -314,9 +321,7 @@ MODEL_PRESETS: dict[str, dict] = {
     # seconds: for tests and the smoke grid
     "smoke": dict(model=dict(vocab_size=2048, d_model=32, n_layers=1, n_heads=2, d_ff=64,
                              seq_len=32, n_loops=3, dropout=0.0),
-                  data=dict(vocab_size=2048),
-                  train=dict(batch_size=8, lr=1e-3, max_steps=30, stride=32, log_every=5,
-                             ckpt_every=10, eval_tokens=2048, eval_batch_size=8)),
+                  data=dict(vocab_size=2048), train=_TINY_TRAIN),
     # Appendix B as the official release ran it (src/train_ouro_from_scratch_ddp.py): the
     # architecture of ByteDance/Ouro-1.4B's config.json (24 layers, hidden 2048, 16 heads and 16
     # key/value heads of 128, SwiGLU 5632, vocabulary 49,152, total_ut_steps 4, rope_theta 1e6,
@@ -332,20 +337,12 @@ MODEL_PRESETS: dict[str, dict] = {
                                  max_steps=16667, stride=2048, precision="bf16", activation_checkpointing=True,
                                  log_every=50, ckpt_every=500, eval_every=500)),
     # the Ouro architecture at test size (grouped-query attention: 4 heads, 2 key/value heads)
-    "ouro-tiny": dict(model=dict(arch="ouro", vocab_size=2048, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                                 d_ff=64, seq_len=32, n_loops=4, dropout=0.0, rope_theta=1e4, init="gpt2",
-                                 readout="rmsnorm", recurrence="inter_loop_norm"),
-                      data=dict(vocab_size=2048),
-                      train=dict(batch_size=8, lr=1e-3, betas=[0.9, 0.95], max_steps=30, stride=32, log_every=5,
-                                 ckpt_every=10, eval_tokens=2048, eval_batch_size=8)),
+    "ouro-tiny": dict(model=dict(_TINY_OURO, n_layers=2, n_heads=4, n_kv_heads=2),
+                      data=dict(vocab_size=2048), train=dict(_TINY_TRAIN, betas=[0.9, 0.95])),
     # seconds on a CPU: the ouro-smoke experiment's runs
-    "ouro-smoke": dict(model=dict(arch="ouro", vocab_size=2048, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
-                                  d_ff=64, seq_len=32, n_loops=4, dropout=0.0, rope_theta=1e4, init="gpt2",
-                                  readout="rmsnorm", recurrence="inter_loop_norm"),
+    "ouro-smoke": dict(model=dict(_TINY_OURO, n_layers=1, n_heads=2, n_kv_heads=1),
                        objective=dict(loss="terminal"),
-                       data=dict(vocab_size=2048),
-                       train=dict(batch_size=8, lr=1e-3, betas=[0.9, 0.95], max_steps=30, stride=32, log_every=5,
-                                  ckpt_every=10, eval_tokens=2048, eval_batch_size=8)),
+                       data=dict(vocab_size=2048), train=dict(_TINY_TRAIN, betas=[0.9, 0.95])),
 }
 
 # the evaluation settings of the test-size presets (smoke, ouro-tiny, ouro-smoke)

@@ -644,12 +644,8 @@ def settings_files(exp: Experiment) -> dict[str, str]:
     return files
 
 
-# A settings job runs when its file is missing or holds other text than params.yaml gives now.
-# Snakemake sees the second case by modification times, also in a fresh clone without
-# .snakemake/ metadata: the job's inputs are the files the settings come from (params.yaml,
-# exp.yaml, SETTINGS_CODE), which an edit makes newer than the file. They count only for a
-# file whose text is out of date: `settings_stale` tells which (the rule marks the sources of
-# the others ancient, so an edit of params.yaml reruns no other job).
+# when a settings job runs (by modification times, also in a fresh clone): docs/pipeline.md,
+# "The pipeline module"
 SETTINGS_CODE = ("config", "registry", "pipeline", "fineweb")  # the modules that compute the texts
 
 
@@ -702,11 +698,9 @@ def placeholder_account(default_resources) -> Optional[str]:
 # ---------------------------------------------------------------------------
 # code each stage depends on
 # ---------------------------------------------------------------------------
-# Modules (files under src/loopscale/, a trailing / for a whole subpackage) that only some stages
-# run. Every other module of the package (configuration, data, model, I/O, ...) is code of every
-# stage, so a new (or renamed) module counts everywhere until it is listed here. A change to a stage's code
-# reruns its jobs. NOT_STAGE_CODE: the command-line dispatch, the DAG side and tools no job runs.
-# tests/test_pipeline.py checks each stage's list against the modules it imports.
+# Modules (under src/loopscale/, a trailing / for a subpackage) that only some stages run; every
+# other module is code of every stage (docs/pipeline.md, "The pipeline module").
+# NOT_STAGE_CODE: the command-line dispatch, the DAG side and tools no job runs.
 STAGE_ONLY = {
     "train": ("train", "rundir", "distributed"),
     "train_stream": ("train", "train_stream", "rundir", "distributed"),

@@ -1,18 +1,7 @@
-"""The concepts of loopscale, each defined once.
-
-One registry per axis of a training condition (readouts, losses, regularizers,
-recurrences), one of the diagnostics, and the one `Condition` type: a point of the
-condition grid with its id (the run directory name), its label (the paper's wording) and its
-place in the canonical order of tables. How a condition is drawn (colour, line style, marker)
-is loopscale.report.styles'.
-
-Everything else reads these: the allowed values of `loopscale.config`, the values params.yaml
-may give (checked by `loopscale.pipeline`), the pipeline's wildcards,
-the evaluation command line, the readout of `loopscale.model.LoopedLM` and every table and
-figure of `loopscale.report`. So adding a readout touches this file (its entry, naming the
-architectures it applies to) and, when it needs a new kind of norm, `loopscale.readouts.NORMS`.
-
-Imports nothing heavy (no torch): the pipeline builds its DAG from it.
+"""The concepts of loopscale, each defined once: one registry per axis of a training condition
+(readouts, losses, regularizers, recurrences), one of the diagnostics, and the one `Condition`
+type. docs/pipeline.md ("The registry") says who reads them. Imports nothing heavy (no torch):
+the pipeline builds its DAG from it.
 """
 from __future__ import annotations
 
