@@ -388,19 +388,14 @@ BENCH_PRESETS: dict[str, tuple[str, dict]] = {
 
 def preset(name: str, overrides: Optional[dict] = None) -> RunConfig:
     """A RunConfig from a named preset plus nested-dict overrides."""
-    d = preset_dict(name)
-    if overrides:
-        d = merge(d, overrides)
-    return RunConfig.from_dict(d)
+    return RunConfig.from_dict(merge(preset_dict(name), overrides or {}))
 
 
 def eval_preset(name: str, overrides: Optional[dict] = None) -> EvalConfig:
     """The EvalConfig of a named preset plus overrides (a flat dict of EvalConfig keys)."""
     _check_preset(name)
     d = merge(EvalConfig().to_dict(), EVAL_PRESETS[name], "eval")
-    if overrides:
-        d = merge(d, overrides, "eval")
-    return EvalConfig.from_dict(d)
+    return EvalConfig.from_dict(merge(d, overrides or {}, "eval"))
 
 
 def merge(base: dict, update: dict, where: str = "") -> dict:

@@ -72,8 +72,7 @@ def _merge_args(args: dict, additional: Optional[dict]) -> dict:
     """lm-eval's command line adds batch_size, max_batch_size and device (its own defaults
     included) beside --model_args: a key given in --model_args wins, instead of lm-eval's
     `got multiple values for keyword argument`."""
-    extra = {k: v for k, v in (additional or {}).items() if v is not None and k not in args}
-    return {**args, **extra}
+    return {**args, **{k: v for k, v in (additional or {}).items() if v is not None and k not in args}}
 
 
 @register_model("loopscale")

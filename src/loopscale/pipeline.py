@@ -348,8 +348,7 @@ Layer = tuple[str, str, dict]  # (params key that set it, the config section it 
 def _split_eval(overrides: Optional[dict]) -> tuple[dict, dict]:
     """Nested run overrides -> (training part, `eval` part)."""
     d = dict(overrides or {})
-    ev = d.pop("eval", None) or {}
-    return d, ev
+    return d, d.pop("eval", None) or {}
 
 
 def _merge_layers(base: dict, layers: list[Layer]) -> dict:
@@ -450,17 +449,15 @@ def build_experiment(params: dict, name: str) -> Experiment:
                     raise ParamsError(f"{where}.gpus_per_run: train.batch_size {rc.train.batch_size} of {swhere} "
                                       f"(the global batch) is not divisible by gpus_per_run x train.grad_accum "
                                       f"({gpus_per_run} x {rc.train.grad_accum})")
-                stream = None
-                if rc.data.source == "fineweb":
-                    stream = _stream_settings(rc, exp.get("stream"), f"{where}.stream")
+                stream = (_stream_settings(rc, exp.get("stream"), f"{where}.stream")
+                          if rc.data.source == "fineweb" else None)
                 runs.append(PlannedRun(name, size, Condition.from_config(rc.to_dict()), int(seed), rc, ev, stream))
     if exp.get("stream") is not None and (data or {}).get("source") != "fineweb":
         raise ParamsError(f"{where}.stream: the streaming recipe needs data.source=fineweb")
     downstream = _downstream(exp.get("downstream"), f"{where}.downstream")
     e = Experiment(name=name, runs=runs, data=data, diagnostics=diagnostics, gpu=int(exp.get("gpu", 0)),
                    gpus_per_run=gpus_per_run, nodes_per_run=nodes_per_run, description=exp.get("description", ""),
-                   claims=dict(exp.get("claims") or {}),
-                   downstream=downstream)
+                   claims=dict(exp.get("claims") or {}), downstream=downstream)
     if downstream is not None and not e.ouro:
         raise ParamsError(f"{where}.downstream: Appendix B's downstream evaluation runs on Ouro experiments "
                           f"(model.arch ouro)")

@@ -285,13 +285,10 @@ class Condition:
             e = registry.get(name)
             return e.label if e is not None else name
         parts = [lab(LOSSES, self.loss), lab(READOUTS, self.readout)]
-        reg = lab(REGULARIZERS, self.regularizer)
-        if reg:
-            parts.append(reg + ("" if self.paper_penalty else f" (λ={self.penalty_weight:g})"))
-        rec = lab(RECURRENCES, self.recurrence)
-        if rec:
-            parts.append(rec)
-        return " + ".join(parts)
+        reg, rec = lab(REGULARIZERS, self.regularizer), lab(RECURRENCES, self.recurrence)
+        if reg and not self.paper_penalty:
+            reg += f" (λ={self.penalty_weight:g})"
+        return " + ".join(parts + [p for p in (reg, rec) if p])
 
     # -- order ---------------------------------------------------------------------
     def sort_key(self) -> tuple:
