@@ -568,8 +568,7 @@ def load_and_validate(params_path: str | os.PathLike, schema_path: str | os.Path
         params = apply_settings(params, settings, str(settings_path))
         touched = {n for n, b in settings.items() if b} if isinstance(settings, dict) else set()
     layered = f"{params_path} with {settings_path}" if touched else source
-    for k, v in (overrides or {}).items():
-        params[k] = v
+    params.update(overrides or {})
     check_schema(params, schema_path, layered)
     _check_names(params, source)
     if params["experiment"] not in params["experiments"]:

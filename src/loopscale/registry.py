@@ -210,8 +210,7 @@ CANONICAL_BASES: tuple[tuple[str, str, str, str], ...] = (
 
 
 def _order(registry: dict, name: str) -> int:
-    e = registry.get(name)
-    return e.order if e is not None else OTHER + 1
+    return getattr(registry.get(name), "order", OTHER + 1)
 
 
 @dataclass(frozen=True, order=True)
@@ -282,8 +281,7 @@ class Condition:
             return "unknown condition (no readable config)"
 
         def lab(registry, name):
-            e = registry.get(name)
-            return e.label if e is not None else name
+            return getattr(registry.get(name), "label", name)
         parts = [lab(LOSSES, self.loss), lab(READOUTS, self.readout)]
         reg, rec = lab(REGULARIZERS, self.regularizer), lab(RECURRENCES, self.recurrence)
         if reg and not self.paper_penalty:
