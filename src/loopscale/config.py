@@ -1,17 +1,10 @@
 """Run and evaluation configuration: dataclasses, presets, overrides and validation.
 
-A run is described by one `RunConfig` (model + objective + data + train): everything the
-trained weights depend on, plus the training loop's own settings. How a trained run is
-evaluated is a separate `EvalConfig` (RUN/eval.yaml in the pipeline), so an evaluation
-setting never touches training. Both round-trip through plain dicts (JSON/YAML).
-
-Each field declares its type and the values it may take once, on its annotation
-(`typing.Annotated` with a `Range` or `Choices`; the condition axes' names come from
-`loopscale.registry`). From those, `from_mapping` builds any config dataclass from a mapping
-(unknown keys, wrong types, unknown values and out-of-range numbers are one `ConfigError`
-line naming the key), and `settings_schemas` writes the JSON schema of the settings that
-params.yaml's schema ends with (workflow/schemas/params.schema.yaml, tools/settings_schema.py).
-`validate` then checks the settings that constrain each other.
+A `RunConfig` (model + objective + data + train) is what the trained weights depend on; an
+`EvalConfig` (RUN/eval.yaml) is how a trained run is evaluated. Each field declares its type
+and allowed values once, on its annotation (`Range`, `Choices`); `from_mapping` checks them and
+`settings_schemas` turns them into params.yaml's JSON schema. docs/usage.md ("Configuration
+code") has the details.
 """
 from __future__ import annotations
 
@@ -296,6 +289,13 @@ class RunConfig:
 # ---------------------------------------------------------------------------
 # presets
 # ---------------------------------------------------------------------------
+# the training settings of the test-size presets (smoke, ouro-tiny, ouro-smoke) and the Ouro
+# architecture the last two share
+_TINY_TRAIN = dict(batch_size=8, lr=1e-3, max_steps=30, stride=32, log_every=5, ckpt_every=10,
+                   eval_tokens=2048, eval_batch_size=8)
+_TINY_OURO = dict(arch="ouro", vocab_size=2048, d_model=32, d_ff=64, seq_len=32, n_loops=4, dropout=0.0,
+                  rope_theta=1e4, init="gpt2", readout="rmsnorm", recurrence="inter_loop_norm")
+
 MODEL_PRESETS: dict[str, dict] = {
     # the paper's experimental setup: 44M = d512, 8 layers, 8 heads, SwiGLU 2048, seq 256, K=4, batch 64
     "paper-44m": dict(model=dict(vocab_size=20000, d_model=512, n_layers=8, n_heads=8, d_ff=2048,
@@ -321,9 +321,7 @@ MODEL_PRESETS: dict[str, dict] = {
     # seconds: for tests and the smoke grid
     "smoke": dict(model=dict(vocab_size=2048, d_model=32, n_layers=1, n_heads=2, d_ff=64,
                              seq_len=32, n_loops=3, dropout=0.0),
-                  data=dict(vocab_size=2048),
-                  train=dict(batch_size=8, lr=1e-3, max_steps=30, stride=32, log_every=5,
-                             ckpt_every=10, eval_tokens=2048, eval_batch_size=8)),
+                  data=dict(vocab_size=2048), train=_TINY_TRAIN),
     # Appendix B as the official release ran it (src/train_ouro_from_scratch_ddp.py): the
     # architecture of ByteDance/Ouro-1.4B's config.json (24 layers, hidden 2048, 16 heads and 16
     # key/value heads of 128, SwiGLU 5632, vocabulary 49,152, total_ut_steps 4, rope_theta 1e6,
@@ -339,21 +337,18 @@ MODEL_PRESETS: dict[str, dict] = {
                                  max_steps=16667, stride=2048, precision="bf16", activation_checkpointing=True,
                                  log_every=50, ckpt_every=500, eval_every=500)),
     # the Ouro architecture at test size (grouped-query attention: 4 heads, 2 key/value heads)
-    "ouro-tiny": dict(model=dict(arch="ouro", vocab_size=2048, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2,
-                                 d_ff=64, seq_len=32, n_loops=4, dropout=0.0, rope_theta=1e4, init="gpt2",
-                                 readout="rmsnorm", recurrence="inter_loop_norm"),
-                      data=dict(vocab_size=2048),
-                      train=dict(batch_size=8, lr=1e-3, betas=[0.9, 0.95], max_steps=30, stride=32, log_every=5,
-                                 ckpt_every=10, eval_tokens=2048, eval_batch_size=8)),
+    "ouro-tiny": dict(model=dict(_TINY_OURO, n_layers=2, n_heads=4, n_kv_heads=2),
+                      data=dict(vocab_size=2048), train=dict(_TINY_TRAIN, betas=[0.9, 0.95])),
     # seconds on a CPU: the ouro-smoke experiment's runs
-    "ouro-smoke": dict(model=dict(arch="ouro", vocab_size=2048, d_model=32, n_layers=1, n_heads=2, n_kv_heads=1,
-                                  d_ff=64, seq_len=32, n_loops=4, dropout=0.0, rope_theta=1e4, init="gpt2",
-                                  readout="rmsnorm", recurrence="inter_loop_norm"),
+    "ouro-smoke": dict(model=dict(_TINY_OURO, n_layers=1, n_heads=2, n_kv_heads=1),
                        objective=dict(loss="terminal"),
-                       data=dict(vocab_size=2048),
-                       train=dict(batch_size=8, lr=1e-3, betas=[0.9, 0.95], max_steps=30, stride=32, log_every=5,
-                                  ckpt_every=10, eval_tokens=2048, eval_batch_size=8)),
+                       data=dict(vocab_size=2048), train=dict(_TINY_TRAIN, betas=[0.9, 0.95])),
 }
+
+# the evaluation settings of the test-size presets (smoke, ouro-tiny, ouro-smoke)
+_TINY_EVAL = dict(batch_size=8, max_tokens=4096, norm_tokens=2048, radial_tokens=1024, lemma_loops=8,
+                  lemma_tokens=1024, clamp_tokens=2048, halting_tokens=4096, throughput_batches=3,
+                  throughput_warmup=1)
 
 # the evaluation settings that go with each preset (EvalConfig fields; paper: the defaults)
 EVAL_PRESETS: dict[str, dict] = {
@@ -361,16 +356,10 @@ EVAL_PRESETS: dict[str, dict] = {
     "paper-129m": {},
     "paper-1.4b": {},
     "cpu": dict(batch_size=32, max_tokens=65536),
-    "smoke": dict(batch_size=8, max_tokens=4096, norm_tokens=2048, radial_tokens=1024, lemma_loops=8,
-                  lemma_tokens=1024, clamp_tokens=2048, halting_tokens=4096, throughput_batches=3, scale_tokens=2048,
-                  throughput_warmup=1),
+    "smoke": dict(_TINY_EVAL, scale_tokens=2048),
     "ouro-1.4b": dict(batch_size=2, max_tokens=32768, depth_factor=2),  # official: K = 1..8, 8 batches x 2 x 2048
-    "ouro-tiny": dict(batch_size=8, max_tokens=4096, norm_tokens=2048, radial_tokens=1024, lemma_loops=8,
-                      lemma_tokens=1024, clamp_tokens=2048, halting_tokens=4096, throughput_batches=3,
-                      throughput_warmup=1),
-    "ouro-smoke": dict(batch_size=8, max_tokens=4096, norm_tokens=2048, radial_tokens=1024, lemma_loops=8,
-                       lemma_tokens=1024, clamp_tokens=2048, halting_tokens=4096, throughput_batches=3,
-                       throughput_warmup=1),
+    "ouro-tiny": dict(_TINY_EVAL),
+    "ouro-smoke": dict(_TINY_EVAL),
 }
 
 
@@ -399,19 +388,14 @@ BENCH_PRESETS: dict[str, tuple[str, dict]] = {
 
 def preset(name: str, overrides: Optional[dict] = None) -> RunConfig:
     """A RunConfig from a named preset plus nested-dict overrides."""
-    d = preset_dict(name)
-    if overrides:
-        d = merge(d, overrides)
-    return RunConfig.from_dict(d)
+    return RunConfig.from_dict(merge(preset_dict(name), overrides or {}))
 
 
 def eval_preset(name: str, overrides: Optional[dict] = None) -> EvalConfig:
     """The EvalConfig of a named preset plus overrides (a flat dict of EvalConfig keys)."""
     _check_preset(name)
     d = merge(EvalConfig().to_dict(), EVAL_PRESETS[name], "eval")
-    if overrides:
-        d = merge(d, overrides, "eval")
-    return EvalConfig.from_dict(d)
+    return EvalConfig.from_dict(merge(d, overrides or {}, "eval"))
 
 
 def merge(base: dict, update: dict, where: str = "") -> dict:

@@ -1,60 +1,10 @@
 """lm-evaluation-harness support: a trained run as the lm-eval model type `loopscale`.
 
     loopscale-lm-eval --model loopscale --model_args run=RUN,loops=8 --tasks TASKS
-    python -m loopscale.harness --model loopscale --model_args run=RUN,halting=margin --tasks ...
 
-From Python, `import loopscale.harness` registers the model type in lm-eval's registry, so
-`lm_eval.simple_evaluate(model="loopscale", model_args="run=RUN", tasks=[...])` finds it.
-lm-eval 0.4's own `lm_eval` command discovers no plugins (its models are a fixed table in
-`lm_eval.models`), so `loopscale-lm-eval` is that command with this module imported first:
-every `lm_eval` option works as documented there.
-
-Model args (`--model_args key=value,...`; any other key is refused, with a did-you-mean):
-
-  run        the run directory (`loopscale.load(run)`: model.safetensors, config.json,
-             tokenizer.json); required
-  loops      depth k in [1, 10000] (artifacts.LIMITS), also beyond the K of training (default
-             K); every request is scored after loop k with the final readout,
-             `model.logits(model(x, n_loops=k)[-1])`
-  halting    max_prob | margin | entropy: per-token early exit. A token's log-probabilities come
-             from the first exit j < k whose confidence reaches the threshold (the exit readout
-             the model was trained with), else from exit k. As in `loopscale eval halting`'s
-             token policy this is post hoc in scoring (every loop runs); `generate_until` halts
-             for real (`loopscale.generate`, KV cache, halted tokens copied forward)
-  threshold  τ of the halting policy, a finite number (default: the per-token threshold
-             `loopscale eval halting` calibrated for the run, RUN/eval/halting.json)
-  device     cpu (default), cuda, cuda:1, ...
-  batch_size requests scored per forward pass (default 8). device and batch_size given here win
-             over lm-eval's own --device/--batch_size (which it passes beside the model args)
-  max_length context window in tokens (default: the model's seq_len, its learned positions)
-  max_gen_toks  tokens `generate_until` produces at most (default 256; gen_kwargs may set it)
-  prefix_token_id  the token a document's first token is conditioned on (default: the
-             document separator, below); `prefix_token_id=1` (<bos>) scores as lm-eval's `hf`
-             model type does by default
-
-Depths in one run: `loopscale-lm-eval ... --loops 1,2,3,4` evaluates each depth in turn (the
-model arg `loops=k`; `n_loops=k` for `--model hf` on a run directory) and prints one table, and
-writes one results file, with the tasks named TASK@k=K.
-
-`--model hf` and `--model loopscale`. lm-eval's `hf` model type loads a run directory too
-(`pretrained=RUN,trust_remote_code=True,n_loops=k`) and gives the same log-likelihoods but for
-one token per document: it conditions a document's first token (an empty context, the first
-window of a rolling request) on the tokenizer's `<bos>`, which never occurs in training, where
-`loopscale` uses the document separator (below). `--model hf` with `prefix_token_id=<the
-separator's id>`, or `--model loopscale` with `prefix_token_id=<bos id>`, makes them equal
-(tests/test_harness.py).
-
-Tokens. The run's own tokenizer splits text as the paper's word-level regex does (a run of
-whitespace is a token of its own). A (context, continuation) pair is encoded as lm-eval's
-Hugging Face model does: whitespace at the end of the context moves to the continuation, the
-pair is encoded whole and the continuation is what follows the context's tokens. A request with
-an empty context, and the first window of a rolling (perplexity) request, is conditioned on
-the document separator: the whitespace token ``"\\n\\n"`` that precedes every document in the
-training stream (data.DOC_SEPARATOR), `<eos>` if the vocabulary lacks it.
-
-Rolling log-likelihood (perplexity tasks) scores every token of the text once, in disjoint
-windows of `max_length` tokens each conditioned on the tokens before it
-(`lm_eval.utils.get_rolling_token_windows` with context 1, `make_disjoint_window`).
+Importing this module registers the model type in lm-eval's registry; `loopscale-lm-eval` is
+lm-eval's command with it imported first. The model args, tokenization and scoring rules are
+in docs/usage.md ("lm-evaluation-harness").
 """
 from __future__ import annotations
 
@@ -122,8 +72,7 @@ def _merge_args(args: dict, additional: Optional[dict]) -> dict:
     """lm-eval's command line adds batch_size, max_batch_size and device (its own defaults
     included) beside --model_args: a key given in --model_args wins, instead of lm-eval's
     `got multiple values for keyword argument`."""
-    extra = {k: v for k, v in (additional or {}).items() if v is not None and k not in args}
-    return {**args, **extra}
+    return {**args, **{k: v for k, v in (additional or {}).items() if v is not None and k not in args}}
 
 
 @register_model("loopscale")
@@ -348,16 +297,13 @@ def over_depths(evaluate, depths: list[int]):
                 if isinstance(res.get(field), dict):
                     res[field] = {rename(t): ([rename(x) for x in v] if field == "group_subtasks" else v)
                                   for t, v in res[field].items()}
-            for field in ("results", "groups"):  # the names lm-eval's table prints
+                    if merged is not None:
+                        merged.setdefault(field, {}).update(res[field])
+            for field in ("results", "groups"):  # the names lm-eval's table prints (merged shares v)
                 for t, v in (res.get(field) or {}).items():
                     if isinstance(v, dict):
                         v["alias"] = rename(v["alias"]) if isinstance(v.get("alias"), str) else t
-            if merged is None:
-                merged = res
-                continue
-            for field in _TASK_KEYED:
-                if isinstance(res.get(field), dict):
-                    merged.setdefault(field, {}).update(res[field])
+            merged = res if merged is None else merged
         merged.setdefault("config", {})["loops"] = list(depths)
         return merged
     return run

@@ -1,39 +1,10 @@
 """Helpers for the Snakemake pipeline (Snakefile, workflow/rules/*.smk).
 
-`params.yaml` is the one source of truth of the pipeline. This module
-
-* validates it: first against `workflow/schemas/params.schema.yaml` (unknown keys, wrong
-  types, unknown condition values; its enums are filled in from `loopscale.registry`), then
-  by building every run's `RunConfig` and `EvalConfig` with `loopscale.config`: the layers
-  of a run are merged once and validated once; when that fails, the layer that broke it is
-  found and named, so a bad value is reported with the params key that set it. Every
-  problem is one `ParamsError` whose message is one line naming the key;
-* expands an experiment into runs: sizes x conditions x seeds, where conditions come
-  from named condition sets, inline lists and grids of axes;
-* gives the text of each settings file (`settings_files`), which the workflow's settings
-  rule writes, one local job per file, before the jobs that read it (nothing is written
-  while Snakemake parses the workflow):
-
-    data/<exp>/config.yaml                 the data settings (input of prepare_data)
-    runs/<exp>/<size>/<cond>/seed<seed>/config.yaml
-                                           the run's training config (RunConfig: what the
-                                           trained weights depend on; input of train)
-    runs/<exp>/<size>/<cond>/seed<seed>/eval.yaml
-                                           the run's evaluation settings (EvalConfig;
-                                           input of its evaluations, --eval-config)
-    runs/<exp>/<size>/<cond>/seed<seed>/stream.yaml
-                                           a streamed run's stream settings (train-stream)
-
-  A file is rewritten only when its text changes (`write_if_changed`), so a changed setting
-  reruns exactly the jobs that read a changed file, also in a fresh clone without Snakemake's
-  metadata (`settings_stale`);
-* lists the code each stage runs (`stage_code`), an input of the stage's jobs.
-
-where <cond> is the condition id `<readout>-<loss>-<regularizer>-<recurrence>`
-(`loopscale.registry.Condition.id`).
-
-The module imports only `loopscale.config` and `loopscale.registry` (no torch) so the DAG
-builds fast; the `python -m loopscale.pipeline` commands used inside jobs may import more.
+Validates params.yaml (its schema, then every run's RunConfig and EvalConfig; each problem is one
+`ParamsError` line naming the params key), expands experiments into runs (sizes x conditions x
+seeds), gives the text of each settings file (`settings_files`) and lists the code each stage
+runs (`stage_code`). docs/pipeline.md ("The pipeline module") describes the files it writes.
+Imports only `loopscale.config` and `loopscale.registry` (no torch), so the DAG builds fast.
 """
 from __future__ import annotations
 
@@ -377,8 +348,7 @@ Layer = tuple[str, str, dict]  # (params key that set it, the config section it 
 def _split_eval(overrides: Optional[dict]) -> tuple[dict, dict]:
     """Nested run overrides -> (training part, `eval` part)."""
     d = dict(overrides or {})
-    ev = d.pop("eval", None) or {}
-    return d, ev
+    return d, d.pop("eval", None) or {}
 
 
 def _merge_layers(base: dict, layers: list[Layer]) -> dict:
@@ -479,17 +449,15 @@ def build_experiment(params: dict, name: str) -> Experiment:
                     raise ParamsError(f"{where}.gpus_per_run: train.batch_size {rc.train.batch_size} of {swhere} "
                                       f"(the global batch) is not divisible by gpus_per_run x train.grad_accum "
                                       f"({gpus_per_run} x {rc.train.grad_accum})")
-                stream = None
-                if rc.data.source == "fineweb":
-                    stream = _stream_settings(rc, exp.get("stream"), f"{where}.stream")
+                stream = (_stream_settings(rc, exp.get("stream"), f"{where}.stream")
+                          if rc.data.source == "fineweb" else None)
                 runs.append(PlannedRun(name, size, Condition.from_config(rc.to_dict()), int(seed), rc, ev, stream))
     if exp.get("stream") is not None and (data or {}).get("source") != "fineweb":
         raise ParamsError(f"{where}.stream: the streaming recipe needs data.source=fineweb")
     downstream = _downstream(exp.get("downstream"), f"{where}.downstream")
     e = Experiment(name=name, runs=runs, data=data, diagnostics=diagnostics, gpu=int(exp.get("gpu", 0)),
                    gpus_per_run=gpus_per_run, nodes_per_run=nodes_per_run, description=exp.get("description", ""),
-                   claims=dict(exp.get("claims") or {}),
-                   downstream=downstream)
+                   claims=dict(exp.get("claims") or {}), downstream=downstream)
     if downstream is not None and not e.ouro:
         raise ParamsError(f"{where}.downstream: Appendix B's downstream evaluation runs on Ouro experiments "
                           f"(model.arch ouro)")
@@ -600,8 +568,7 @@ def load_and_validate(params_path: str | os.PathLike, schema_path: str | os.Path
         params = apply_settings(params, settings, str(settings_path))
         touched = {n for n, b in settings.items() if b} if isinstance(settings, dict) else set()
     layered = f"{params_path} with {settings_path}" if touched else source
-    for k, v in (overrides or {}).items():
-        params[k] = v
+    params.update(overrides or {})
     check_schema(params, schema_path, layered)
     _check_names(params, source)
     if params["experiment"] not in params["experiments"]:
@@ -673,12 +640,8 @@ def settings_files(exp: Experiment) -> dict[str, str]:
     return files
 
 
-# A settings job runs when its file is missing or holds other text than params.yaml gives now.
-# Snakemake sees the second case by modification times, also in a fresh clone without
-# .snakemake/ metadata: the job's inputs are the files the settings come from (params.yaml,
-# exp.yaml, SETTINGS_CODE), which an edit makes newer than the file. They count only for a
-# file whose text is out of date: `settings_stale` tells which (the rule marks the sources of
-# the others ancient, so an edit of params.yaml reruns no other job).
+# when a settings job runs (by modification times, also in a fresh clone): docs/pipeline.md,
+# "The pipeline module"
 SETTINGS_CODE = ("config", "registry", "pipeline", "fineweb")  # the modules that compute the texts
 
 
@@ -731,11 +694,9 @@ def placeholder_account(default_resources) -> Optional[str]:
 # ---------------------------------------------------------------------------
 # code each stage depends on
 # ---------------------------------------------------------------------------
-# Modules (files under src/loopscale/, a trailing / for a whole subpackage) that only some stages
-# run. Every other module of the package (configuration, data, model, I/O, ...) is code of every
-# stage, so a new (or renamed) module counts everywhere until it is listed here. A change to a stage's code
-# reruns its jobs. NOT_STAGE_CODE: the command-line dispatch, the DAG side and tools no job runs.
-# tests/test_pipeline.py checks each stage's list against the modules it imports.
+# Modules (under src/loopscale/, a trailing / for a subpackage) that only some stages run; every
+# other module is code of every stage (docs/pipeline.md, "The pipeline module").
+# NOT_STAGE_CODE: the command-line dispatch, the DAG side and tools no job runs.
 STAGE_ONLY = {
     "train": ("train", "rundir", "distributed"),
     "train_stream": ("train", "train_stream", "rundir", "distributed"),

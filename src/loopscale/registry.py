@@ -1,18 +1,7 @@
-"""The concepts of loopscale, each defined once.
-
-One registry per axis of a training condition (readouts, losses, regularizers,
-recurrences), one of the diagnostics, and the one `Condition` type: a point of the
-condition grid with its id (the run directory name), its label (the paper's wording) and its
-place in the canonical order of tables. How a condition is drawn (colour, line style, marker)
-is loopscale.report.styles'.
-
-Everything else reads these: the allowed values of `loopscale.config`, the values params.yaml
-may give (checked by `loopscale.pipeline`), the pipeline's wildcards,
-the evaluation command line, the readout of `loopscale.model.LoopedLM` and every table and
-figure of `loopscale.report`. So adding a readout touches this file (its entry, naming the
-architectures it applies to) and, when it needs a new kind of norm, `loopscale.readouts.NORMS`.
-
-Imports nothing heavy (no torch): the pipeline builds its DAG from it.
+"""The concepts of loopscale, each defined once: one registry per axis of a training condition
+(readouts, losses, regularizers, recurrences), one of the diagnostics, and the one `Condition`
+type. docs/pipeline.md ("The registry") says who reads them. Imports nothing heavy (no torch):
+the pipeline builds its DAG from it.
 """
 from __future__ import annotations
 
@@ -221,8 +210,7 @@ CANONICAL_BASES: tuple[tuple[str, str, str, str], ...] = (
 
 
 def _order(registry: dict, name: str) -> int:
-    e = registry.get(name)
-    return e.order if e is not None else OTHER + 1
+    return getattr(registry.get(name), "order", OTHER + 1)
 
 
 @dataclass(frozen=True, order=True)
@@ -293,16 +281,12 @@ class Condition:
             return "unknown condition (no readable config)"
 
         def lab(registry, name):
-            e = registry.get(name)
-            return e.label if e is not None else name
+            return getattr(registry.get(name), "label", name)
         parts = [lab(LOSSES, self.loss), lab(READOUTS, self.readout)]
-        reg = lab(REGULARIZERS, self.regularizer)
-        if reg:
-            parts.append(reg + ("" if self.paper_penalty else f" (λ={self.penalty_weight:g})"))
-        rec = lab(RECURRENCES, self.recurrence)
-        if rec:
-            parts.append(rec)
-        return " + ".join(parts)
+        reg, rec = lab(REGULARIZERS, self.regularizer), lab(RECURRENCES, self.recurrence)
+        if reg and not self.paper_penalty:
+            reg += f" (λ={self.penalty_weight:g})"
+        return " + ".join(parts + [p for p in (reg, rec) if p])
 
     # -- order ---------------------------------------------------------------------
     def sort_key(self) -> tuple:

@@ -1,20 +1,7 @@
 """`loopscale` command line: one call = one job of the pipeline.
 
-  loopscale config        resolve a preset + config file + overrides into one config file
-  loopscale prepare-data  fetch/read the corpus, fit the tokenizer, write uint16 splits
-  loopscale data-stats    words, tokens, <unk> shares and training steps of prepared data
-  loopscale train         train one run (resumes from its state.pt)
-  loopscale params        print the parameter count of a config
-  loopscale eval          the diagnostics of a trained run; `eval story` across runs
-  loopscale report        tables, figures, REPORT.md, drift law, claims
-  loopscale bench         throughput, FLOP/s, MFU and step memory
-  loopscale export | generate | convert-paper   a trained or converted model's files and text
-  loopscale train-stream  train one run on a streamed corpus (Appendix B)
-  loopscale ouro-import | ouro-depth | ouro-scale | ouro-downstream   the Ouro track
-
-One module per area (run, eval, report, bench, models, common: what several share); each
-`cmd_*` reads its arguments and calls plain functions of the domain modules, which import
-nothing from this package (tests/test_imports.py). `python -m loopscale.cli` runs `main`.
+One module per area (run, eval, report, bench, models, common: what several share); the commands
+are listed in docs/usage.md ("The command line"). `python -m loopscale.cli` runs `main`.
 """
 from __future__ import annotations
 

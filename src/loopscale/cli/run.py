@@ -76,17 +76,22 @@ def cmd_data_stats(args) -> int:
 
 
 def cmd_train(args) -> int:
-    from ..distributed import env_world
     from ..train import train
     cfg = config_from_args(args)
+    return _fit(cfg, args, lambda: train(cfg, args.data, args.out, resume=not args.no_resume,
+                                         progress=not args.quiet, drop_stale_state=args.drop_stale_state),
+                ("status", "steps", "wall_time_s"))
+
+
+def _fit(cfg, args, fit, keys) -> int:
+    """Train under the failure policy (--stop-with-parent first); rank 0 prints the summary's `keys`."""
+    from ..distributed import env_world
     if args.stop_with_parent:
         from ..rundir import stop_with_parent
         stop_with_parent()
-    summary = train_or_record(cfg, args, lambda: train(cfg, args.data, args.out, resume=not args.no_resume,
-                                                       progress=not args.quiet,
-                                                       drop_stale_state=args.drop_stale_state))
+    summary = train_or_record(cfg, args, fit)
     if summary is not None and env_world()[0] == 0:
-        print(json.dumps({k: summary[k] for k in ("status", "steps", "wall_time_s")}))
+        print(json.dumps({k: summary[k] for k in keys}))
     return 0
 
 
@@ -130,21 +135,14 @@ def add_commands(sub) -> None:
 
 def cmd_train_stream(args) -> int:
     from ..config import parse_overrides, resolve
-    from ..distributed import env_world
     from ..train_stream import stream_settings, train_stream
     run_sets = [o for o in args.overrides if not o.startswith("stream.")]
     stream_sets = parse_overrides([o for o in args.overrides if o.startswith("stream.")]).get("stream", {})
     cfg = resolve(args.config, args.preset, run_sets)
     s = stream_settings(args.stream_config, stream_sets)
-    if args.stop_with_parent:
-        from ..rundir import stop_with_parent
-        stop_with_parent()
-    summary = train_or_record(cfg, args, lambda: train_stream(cfg, s, args.out, val_data=args.val_data,
-                                                              resume=not args.no_resume, progress=not args.quiet,
-                                                              drop_stale_state=args.drop_stale_state))
-    if summary is not None and env_world()[0] == 0:
-        print(json.dumps({k: summary[k] for k in ("status", "steps", "tokens")}))
-    return 0
+    return _fit(cfg, args, lambda: train_stream(cfg, s, args.out, val_data=args.val_data, resume=not args.no_resume,
+                                                progress=not args.quiet, drop_stale_state=args.drop_stale_state),
+                ("status", "steps", "tokens"))
 
 
 def add_train_stream(subparsers) -> None:
