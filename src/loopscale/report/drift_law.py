@@ -2,48 +2,8 @@
 learning rate and tokens per step, with configuration-level 95% intervals, held against the
 paper's numbers (Table 1: final ‖H_K‖ 39,207 at 44M, 56,051 at 129M).
 
-Data: the per-run training logs every experiment's report writes (`results/<exp>/
-train_norms.csv`: one row per run × logged step, ‖H_K‖ on the training batch, each run's
-width, depth, lr, context and batch from its own config), for one condition (default:
-per-loop CE + RMSNorm readout, the drifting model), from FIT_FROM_FRACTION of each run's
-last step on. Two laws, each linear in logs:
-
-  power   ln ‖H_K‖ = c + b·ln t      + w·ln √d + l·ln L + r·ln lr + k·ln(seq × batch)
-  log     ln ‖H_K‖ = c + b·ln(ln t)  + w·ln √d + l·ln L + r·ln lr + k·ln(seq × batch)
-
-(the log law is ‖H_K‖ ∝ (ln t)^b). A configuration is one (width, depth, lr, context, batch).
-
-The fit has two stages, so that its uncertainty is counted in configurations, not in the
-hundreds of correlated log records:
-  1. per run, a line in the time feature τ (ln t or ln ln t) through its records: its level
-     at a reference step t_ref (the median of the configurations' last logged steps) and its
-     slope; per configuration, the mean over its runs (level ℓ_j, own exponent b_j).
-  2. the configurations' levels ℓ_j regressed on the factors by ordinary least squares (one
-     point per configuration); the shared time exponent is the mean of the b_j.
-A factor enters only when the configurations vary it independently of the factors already
-in (in the order width, depth, lr, tokens per step). A prediction for an unvaried width, depth
-or lr other than the data's is not made (NaN, with the reason); tokens per step, when the data
-do not vary it, is assumed to have no effect, and every prediction that needs the assumption
-says so.
-
-Interval (95%, for the mean over `n_runs` new runs of ‖H_K‖ at one logged step), in ln ‖H_K‖:
-  level   an unseen configuration: the OLS prediction interval of stage 2, s²·(1 + x0ᵀ(XᵀX)⁻¹x0)
-          with n_configurations − n_coefficients degrees of freedom; a seen configuration: its
-          own level, the run-to-run variance of levels within configurations × (1/n_j + 1/n_runs)
-  time    a random slope: the variance of the configurations' own exponents × (1 + 1/n) ×
-          (τ(t) − τ(t_ref))², with n − 1 degrees of freedom
-  record  the scatter of single records about their run's line, / n_runs
-summed, with a Student t quantile at the Welch–Satterthwaite degrees of freedom. The band at a
-target spans both laws' intervals (the choice of law is part of the uncertainty).
-
-Coverage (`coverage`): leave-one-configuration-out (fit without a configuration, predict its
-final ‖H_K‖) and a time split (fit on each run's steps up to half its last step, predict the
-last); `drift_law_coverage.csv` and drift_law.md report how many fall inside.
-
-Pre-registration: `predict_settings` / `loopscale report drift-law-predict` give point and
-interval for settings before they run; drift_law.md compares every
-studies/*/preregistration.yaml's `drift_predictions` with what results/<experiment>/
-train_norms.csv measured, where it exists.
+The data, the two laws, the two-stage fit, its intervals, coverage and pre-registration:
+docs/studies.md, "The drift law across experiments".
 """
 from __future__ import annotations
 
