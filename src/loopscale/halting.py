@@ -208,7 +208,7 @@ def paper_protocol(run: EvalRun, ce: np.ndarray, conf: dict, starts: np.ndarray)
     calibrated = {p: {"policy": p, "official_policy": PAPER_POLICY[p],
                       **paper_calibrate(unit_ce, tokens, paper_units(ce, conf[p], "sequence")[2], target)}
                   for p in POLICIES}
-    data = _device_batches(run, starts)
+    data = list(batches(run, starts, "halting (paper): loading"))  # on the device before any timing
     variants = {ALL_EXITS: (ALL_EXITS, None),
                 **{p: (p, c["threshold"], "paper") for p, c in calibrated.items() if math.isfinite(c["threshold"])}}
     timed = timed_passes(run, data, variants)
@@ -286,13 +286,6 @@ def _add_exit_ce(ce_sum: torch.Tensor, model, h: torch.Tensor, y: torch.Tensor, 
             ce_sum += F.cross_entropy(z, yf[s:s + _CHUNK], reduction="sum").double()
 
 
-def _device_batches(run: EvalRun, starts: np.ndarray) -> list:
-    """The batches of the windows `starts`, loaded onto the device before any timing."""
-    bs = run.ecfg.batch_size
-    cpu = [D.get_batch(run.tokens, starts[i:i + bs], run.seq_len) for i in range(0, len(starts), bs)]
-    return [(x.to(run.device), y.to(run.device)) for x, y in cpu]
-
-
 def _execute(model, x, y, policy, tau, protocol: str = "held_out"):
     """One batch of a timed variant: the paper's all-exits baseline or dynamic_batch."""
     if policy == ALL_EXITS:
@@ -344,7 +337,7 @@ def halting(run: EvalRun) -> tuple[dict, int]:
                 **{part: _report(ce[sl], conf[p][sl], tau, g, e.halting_epsilon) for part, sl in parts.items()}}
 
     # real dynamic depth on the test windows (sequence policy), timed against full depth
-    data = _device_batches(run, starts[n_cal:])
+    data = list(batches(run, starts[n_cal:], "halting: loading"))  # on the device before any timing
     early = {p: policies[f"{p}/sequence"]["threshold"] for p in POLICIES}
     variants = {"full_depth": (None, None), **{p: (p, tau) for p, tau in early.items() if tau is not None}}
     timed = timed_passes(run, data, variants)
