@@ -297,13 +297,16 @@ def over_depths(evaluate, depths: list[int]):
                 if isinstance(res.get(field), dict):
                     res[field] = {rename(t): ([rename(x) for x in v] if field == "group_subtasks" else v)
                                   for t, v in res[field].items()}
-                    if merged is not None:
-                        merged.setdefault(field, {}).update(res[field])
-            for field in ("results", "groups"):  # the names lm-eval's table prints (merged shares v)
+            for field in ("results", "groups"):  # the names lm-eval's table prints
                 for t, v in (res.get(field) or {}).items():
                     if isinstance(v, dict):
                         v["alias"] = rename(v["alias"]) if isinstance(v.get("alias"), str) else t
-            merged = res if merged is None else merged
+            if merged is None:
+                merged = res
+                continue
+            for field in _TASK_KEYED:
+                if isinstance(res.get(field), dict):
+                    merged.setdefault(field, {}).update(res[field])
         merged.setdefault("config", {})["loops"] = list(depths)
         return merged
     return run
