@@ -108,14 +108,15 @@ def train_step(model: LoopedLM, fwd, opt: torch.optim.Optimizer, x: torch.Tensor
         res = _scale(res, 1 / parts)
     gnorm = DD.full_tensor(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.train.grad_clip))
     bad = ~(torch.isfinite(res.total) & torch.isfinite(gnorm) & torch.isfinite(res.norms).all())
-    if guard is not None:  # step first, then check the weights too: still one synchronisation
-        guard.save()
-        opt.step()
-        bad = bad | ~guard.finite()
-    finite = not bool(DD.any_true(bad, dd))
-    if guard is None and finite:
-        opt.step()
-    elif guard is not None and not finite:
+    if guard is None:
+        finite = not bool(DD.any_true(bad, dd))
+        if finite:
+            opt.step()
+        return StepOutput(res, gnorm, finite)
+    guard.save()
+    opt.step()
+    finite = not bool(DD.any_true(bad | ~guard.finite(), dd))  # still one synchronisation
+    if not finite:
         guard.restore()
     return StepOutput(res, gnorm, finite)
 
