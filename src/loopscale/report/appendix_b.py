@@ -10,7 +10,6 @@ and RUN/eval/downstream.json (`loopscale ouro-downstream`) of the completed runs
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Iterable, Optional
 
@@ -18,14 +17,11 @@ import pandas as pd
 
 from .groups import Table, stats
 from .markdown import md_table, pm
+from .runs import finite
 
 PAPER = "not reported"
 DEPTH_PREFIX = "ouro_depth-"
 COLUMNS = ["table", "size", "condition", "readout", "data", "K", "metric", "mean", "std", "n_seeds", "paper"]
-
-
-def _finite(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def appendix_b_frame(entries: Iterable[dict]) -> pd.DataFrame:
@@ -34,15 +30,12 @@ def appendix_b_frame(entries: Iterable[dict]) -> pd.DataFrame:
      "downstream": [{"task", "loops", "acc", "acc_norm", ["acc_norm_token"]}, ...]}.
     One row per (size, condition, corpus or task, K or loops, metric): the mean and std
     (ddof 1) over the runs that have the value, their count, and the paper's value."""
-    cells: dict[tuple, list] = {}
-    order: list[tuple] = []
+    cells: dict[tuple, list] = {}  # in first-seen order
 
     def add(key: tuple, value) -> None:
-        if key not in cells:
-            cells[key] = []
-            order.append(key)
-        if _finite(value):
-            cells[key].append(float(value))
+        values = cells.setdefault(key, [])
+        if finite(value):
+            values.append(float(value))
 
     for e in entries:
         head = (e["size"], e["condition"], e.get("readout", ""))
@@ -53,10 +46,7 @@ def appendix_b_frame(entries: Iterable[dict]) -> pd.DataFrame:
             for m in ("acc", "acc_norm", "acc_norm_token"):
                 if m in r:
                     add(("downstream", *head, r["task"], int(r["loops"]), m), r.get(m))
-    rows = []
-    for key in order:
-        mean, std, n = stats(cells[key])
-        rows.append(dict(zip(COLUMNS, [*key, mean, std, n, PAPER])))
+    rows = [dict(zip(COLUMNS, [*key, *stats(values), PAPER])) for key, values in cells.items()]
     df = pd.DataFrame(rows, columns=COLUMNS)
     if not df.empty:
         df = df.sort_values(["table", "size", "data", "condition", "K", "metric"], kind="stable",
