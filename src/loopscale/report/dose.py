@@ -80,22 +80,27 @@ def _at(m: pd.DataFrame, lam: float, col: str) -> float:
     return float(m.loc[hit[0], col]) if hit else math.nan
 
 
-def _trend(r: ClaimResult, df: pd.DataFrame, col: str, lam: float, what: str):
-    """(the seed means of `col` by λ, ρ(λ, those means), the mean at `lam`, the mean at λ=0), or
-    None with `r.ours` naming what is missing (too few λ, or no λ=0 or `lam`)."""
+def _trend(rid: str, claim: str, rule: str, df: pd.DataFrame, col: str, lam: float, what: str):
+    """(the rule's ClaimResult, not run yet, and (the seed means of `col` by λ, ρ(λ, those means), the mean
+    at `lam`, the mean at λ=0)), or (it, None) with `ours` naming what is missing (too few λ, or no λ=0 or `lam`)."""
+    r = ClaimResult(rid, claim, PAPER, "", NOT_RUN, rule)
     m = _means(df).dropna(subset=[col])
     at, zero = _at(m, lam, col), _at(m, 0.0, col)
     if len(m) < DOSE_MIN_LEVELS or not (finite(at) and finite(zero)):
         r.ours = f"missing: {len(m)} λ with {what} (need ≥ {DOSE_MIN_LEVELS}, with λ=0 and λ={lam:g})"
-        return None
-    return m[col], spearman(list(m.index), list(m[col])), at, zero  # ρ NaN (a constant input) fails the rule
+        return r, None
+    return r, (m[col], spearman(list(m.index), list(m[col])), at, zero)  # ρ NaN (a constant input) fails the rule
+
+
+def _pooled(df: pd.DataFrame) -> pd.DataFrame:
+    """The runs D3 pools: completed, with a positive ‖H_K‖ and a depth gain."""
+    return df[(df.status == "completed") & df.norm_K.gt(0) & df.depth_gain.notna()]
 
 
 def rule_d1(df: pd.DataFrame) -> ClaimResult:
     rule = (f"ρ(λ, seed-mean ‖H_K‖) ≤ {DOSE_NORM_RHO_MAX:g} over the λ, and ‖H_K‖(λ={DOSE_TOP_LAMBDA:g}) ≤ "
             f"{DOSE_NORM_FRACTION_MAX:g} × ‖H_K‖(λ=0)")
-    r = ClaimResult("D1", "‖H_K‖ falls with the norm penalty's λ", PAPER, "", NOT_RUN, rule)
-    got = _trend(r, df, "norm_K", DOSE_TOP_LAMBDA, "‖H_K‖")
+    r, got = _trend("D1", "‖H_K‖ falls with the norm penalty's λ", rule, df, "norm_K", DOSE_TOP_LAMBDA, "‖H_K‖")
     if got is None:
         return r
     means, rho, top, zero = got
@@ -109,8 +114,8 @@ def rule_d1(df: pd.DataFrame) -> ClaimResult:
 def rule_d2(df: pd.DataFrame) -> ClaimResult:
     rule = (f"G = (PPL_1 − PPL_K)/PPL_1; ρ(λ, seed-mean G) ≥ {DOSE_GAIN_RHO_MIN:g} over the λ, and "
             f"G(λ={DOSE_MID_LAMBDA:g}) ≥ max({DOSE_GAIN_RATIO_MIN:g} × G(λ=0), {DOSE_GAIN_MIN:g})")
-    r = ClaimResult("D2", "The depth gain rises with the norm penalty's λ", PAPER, "", NOT_RUN, rule)
-    got = _trend(r, df, "depth_gain", DOSE_MID_LAMBDA, "a depth gain")
+    r, got = _trend("D2", "The depth gain rises with the norm penalty's λ", rule, df, "depth_gain", DOSE_MID_LAMBDA,
+                    "a depth gain")
     if got is None:
         return r
     means, rho, mid, zero = got
@@ -125,7 +130,7 @@ def rule_d2(df: pd.DataFrame) -> ClaimResult:
 def rule_d3(df: pd.DataFrame) -> ClaimResult:
     rule = f"over every completed run (all λ, all seeds): ρ(ln ‖H_K‖, G) ≤ {DOSE_NORM_GAIN_RHO_MAX:g}"
     r = ClaimResult("D3", "Runs with a smaller ‖H_K‖ gain more from depth", PAPER, "", NOT_RUN, rule)
-    ok = df[(df.status == "completed") & df.norm_K.gt(0) & df.depth_gain.notna()]
+    ok = _pooled(df)
     if len(ok) < DOSE_MIN_LEVELS:
         r.ours = f"missing: {len(ok)} runs with ‖H_K‖ and G (need ≥ {DOSE_MIN_LEVELS})"
         return r
@@ -167,9 +172,8 @@ def evaluate(records: list[RunRecord], preregistered: str = "") -> tuple[list[Cl
         if r.id in PER_SEED:
             r.seed_verdicts = {s: fn(df[df.seed == s]).verdict for s in seeds}
             r.verdict = combine(r.mean_verdict, r.seed_verdicts)
-        elif r.verdict not in (NOT_RUN,):
-            n = int(((df.status == "completed") & df.norm_K.gt(0) & df.depth_gain.notna()).sum())
-            r.verdict = f"{r.verdict} (pooled over {n} runs)"
+        elif r.verdict != NOT_RUN:
+            r.verdict = f"{r.verdict} (pooled over {len(_pooled(df))} runs)"
         r.amendment = f"pre-registered ({preregistered})" if preregistered else "not pre-registered"
         out.append(r)
     return out, df
