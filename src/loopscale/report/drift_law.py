@@ -173,10 +173,8 @@ class _Arrays:
 
 @dataclass
 class _Lines:
-    """Per run (rows): its configuration (CONFIG columns), number of records, level at t_ref and
-    slope of its line in τ, and the residual sum of squares about it; `keys`/`inv`: the distinct
-    configurations and each run's index into them."""
-    cfg: np.ndarray
+    """Per run (rows): its number of records, level at t_ref and slope of its line in τ, and the
+    residual sum of squares about it; `keys`/`inv`: the distinct configurations and each run's index into them."""
     n: np.ndarray
     level: np.ndarray
     slope: np.ndarray
@@ -210,7 +208,7 @@ def _run_lines(a: _Arrays, law: str, t_ref: float) -> _Lines:
     rss = np.clip(syy - slope * sxy, 0.0, None)
     cfg = a.cfg[np.unique(a.run, return_index=True)[1]][ok]
     keys, inv = np.unique(cfg, axis=0, return_inverse=True)
-    return _Lines(cfg, n[ok], level[ok], slope[ok], rss[ok], keys, np.asarray(inv).ravel())
+    return _Lines(n[ok], level[ok], slope[ok], rss[ok], keys, np.asarray(inv).ravel())
 
 
 def _fit(a: _Arrays, law: str, factors: tuple, t_ref: Optional[float] = None) -> LawFit:
@@ -239,11 +237,6 @@ def _fit(a: _Arrays, law: str, factors: tuple, t_ref: Optional[float] = None) ->
     ss = float(np.sum((a.y - a.y.mean()) ** 2))
     out.r2 = 1.0 - float(np.sum((a.y - pred) ** 2)) / ss if ss > 0 else math.nan
     return out
-
-
-def fit(records: pd.DataFrame, law: str, factors: tuple, t_ref: Optional[float] = None) -> LawFit:
-    """The two-stage fit of one law (module docstring)."""
-    return _fit(_Arrays.of(records), law, factors, t_ref)
 
 
 def fit_records(logs: pd.DataFrame, condition_id: str = DRIFTING, until: float = 1.0) -> pd.DataFrame:
@@ -302,10 +295,7 @@ class DriftLaw:
     @property
     def own_exponents(self) -> dict:
         """configuration key -> its own power-law time exponent (mean over its runs)."""
-        return self._own("power")
-
-    def _own(self, law: str) -> dict:
-        runs = _run_lines(self.data, law, self.fits[law].t_ref)
+        runs = _run_lines(self.data, "power", self.fits["power"].t_ref)
         return {tuple(float(v) for v in k): float(b) for k, b in zip(runs.keys, runs.per_config(runs.slope))}
 
     def seen(self, **setting) -> bool:
@@ -415,15 +405,14 @@ def leave_one_configuration_out(records: pd.DataFrame) -> pd.DataFrame:
     a = _Arrays.of(records)
     for f in _finals(records).to_dict("records"):
         setting = {c: f[c] for c in CONFIG}
-        g = records.loc[np.all(a.cfg == np.array(config_key(setting)), axis=1)]
+        own = np.all(a.cfg == np.array(config_key(setting)), axis=1)
         step, n = int(round(f["step"])), int(f["runs"])
+        p, reason = None, ""
         try:
-            law = _law(a.subset(~np.all(a.cfg == np.array(config_key(setting)), axis=1)))
-            p = law.predict("loco", step, n_runs=n, **setting)
+            p = _law(a.subset(~own)).predict("loco", step, n_runs=n, **setting)
         except DriftLawError as e:
-            rows.append(_coverage_row("leave-one-configuration-out", g, None, f["measured"], step, n, str(e)))
-            continue
-        rows.append(_coverage_row("leave-one-configuration-out", g, p, f["measured"], step, n))
+            reason = str(e)
+        rows.append(_coverage_row("leave-one-configuration-out", records.loc[own], p, f["measured"], step, n, reason))
     return pd.DataFrame(rows)
 
 
@@ -476,14 +465,9 @@ def per_configuration(law: DriftLaw) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def _paper_setting(m: dict) -> dict:
-    return {"d_model": m["d_model"], "n_layers": m["n_layers"], "lr": m["lr"], "seq_len": m["seq_len"],
-            "batch_size": m["batch_size"]}
-
-
 def paper_predictions(law: DriftLaw) -> list[Prediction]:
     steps = PAPER_TARGETS()
-    return [law.predict(name, steps[name], **_paper_setting(m)) for name, m in paper.PAPER_MODELS.items()]
+    return [law.predict(name, steps[name], **{c: m[c] for c in CONFIG}) for name, m in paper.PAPER_MODELS.items()]
 
 
 # ---------------------------------------------------------------------------
@@ -692,10 +676,6 @@ def _tokens_text(law: DriftLaw) -> str:
             f"cpu_factorial ctx128) enter it once their train_norms.csv is among --results.")
 
 
-def _read_prereg_rows(studies_dir, results_root, condition_id: str) -> list[dict]:
-    return [measure_preregistered(x, results_root, condition_id) for x in read_preregistrations(studies_dir)]
-
-
 def report(results_dirs, out_dir, holdout: Optional[str] = None, condition_id: str = DRIFTING,
            studies_dir="studies", results_root="results") -> str:
     """Fit the law on the experiments' logs; write drift_law.{csv,md,png}, drift_law_configs.csv and
@@ -703,20 +683,16 @@ def report(results_dirs, out_dir, holdout: Optional[str] = None, condition_id: s
     out = Path(out_dir)
     logs = read_logs(results_dirs)
     records = fit_records(logs, condition_id)
-    prereg = _read_prereg_rows(studies_dir, results_root, condition_id)
+    prereg = [measure_preregistered(x, results_root, condition_id) for x in read_preregistrations(studies_dir)]
     rows = []
     ho = None
     if holdout:
         ho = held_out_check(records, holdout)
-        r = _pred_row(ho.prediction)
-        r.update(kind="held-out", observed=ho.observed)
-        rows.append(r)
+        rows.append({**_pred_row(ho.prediction), "kind": "held-out", "observed": ho.observed})
     law = fit_drift_law(records)
     preds = paper_predictions(law)
-    for p, (name, v) in zip(preds, paper.NORM_K_PER_LOOP_RMSNORM.items()):
-        r = _pred_row(p)
-        r.update(kind="paper", observed=v)
-        rows.append(r)
+    rows += [{**_pred_row(p), "kind": "paper", "observed": v}
+             for p, v in zip(preds, paper.NORM_K_PER_LOOP_RMSNORM.values())]
     for r in rows:
         r["observed_over_power"] = r["observed"] / r["power"]
         r["observed_over_log"] = r["observed"] / r["log"]
