@@ -63,7 +63,7 @@ def story_point(run: Run) -> Optional[dict]:
     if not run.completed:
         return None
     ex, _ = exits(run)
-    if not ex or len(ex) < 1:
+    if not ex:
         return None
     first, last = ex[0], ex[-1]
     p1, pk, nk = first.get("ppl"), last.get("ppl"), last.get("norm")

@@ -89,11 +89,8 @@ def _r2_log(y_obs: np.ndarray, y_pred: np.ndarray) -> float:
 def fit_laws(steps, norms) -> dict[str, Fit]:
     """Both laws fitted to (step, ‖H_K‖) points (steps > 0, norms > 0)."""
     t, n = np.asarray(steps, dtype=float), np.asarray(norms, dtype=float)
-    out = {}
-    a, b = _line(np.log(t), np.log(n))
-    out["power"] = Fit("power", a, b, math.nan)
-    a, b = _line(np.log(t), n)
-    out["log"] = Fit("log", a, b, math.nan)
+    out = {"power": Fit("power", *_line(np.log(t), np.log(n)), math.nan),
+           "log": Fit("log", *_line(np.log(t), n), math.nan)}
     for f in out.values():
         f.r2 = _r2_log(n, f.predict(t))
     return out
@@ -136,12 +133,8 @@ class DriftResult:
 
 def _run_points(g: Group) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per completed run, its (steps, ‖H_K‖) log records used in the fit."""
-    runs = []
-    for r in g.used:
-        tr = [(s, v) for s, v in training_norms(r) if s > 0 and finite(v) and v > 0]
-        if tr:
-            runs.append(tr)
-    if not runs:
+    runs = [[(s, v) for s, v in training_norms(r) if s > 0 and finite(v) and v > 0] for r in g.used]
+    if not any(runs):
         return []
     last = max(s for tr in runs for s, _ in tr)
     out = []
@@ -164,7 +157,6 @@ def bootstrap_resamples(parts: list[tuple[np.ndarray, np.ndarray]], n: int = BOO
         t, y = parts[0]
         size = max(1, len(t) // BLOCKS)
         starts = np.arange(0, max(1, len(t) - size + 1))
-        parts = None
         for _ in range(n):
             i = np.concatenate([np.arange(s0, s0 + size) for s0 in rng.choice(starts, BLOCKS)])
             yield t[i], y[i]
@@ -219,8 +211,7 @@ def _r2(v: float) -> str:
 
 
 def _paper_norm(g: Group) -> str:
-    ref = paper.reference(g.cond)
-    return ref["norm_text"] or EMPTY
+    return paper.reference(g.cond)["norm_text"] or EMPTY
 
 
 def drift_table(groups: list[Group]) -> Table:
