@@ -92,8 +92,7 @@ def _trend(rid: str, claim: str, rule: str, df: pd.DataFrame, col: str, lam: flo
     return r, (m[col], spearman(list(m.index), list(m[col])), at, zero)  # ρ NaN (a constant input) fails the rule
 
 
-def _pooled(df: pd.DataFrame) -> pd.DataFrame:
-    """The runs D3 pools: completed, with a positive ‖H_K‖ and a depth gain."""
+def _pooled(df: pd.DataFrame) -> pd.DataFrame:  # the runs D3 pools: completed, with a positive ‖H_K‖ and a G
     return df[(df.status == "completed") & df.norm_K.gt(0) & df.depth_gain.notna()]
 
 
