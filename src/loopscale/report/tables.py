@@ -48,6 +48,16 @@ def train_norms_table(runs: list[Run]) -> Table:
     return Table("train_norms", "Training logs of ‖H_K‖", train_norms_frame(runs), "")
 
 
+def _notes(text: str, groups: list[Group], *diags: str) -> str:
+    """A table's notes: `text`, the runs missing each of `diags`, the runs left out."""
+    return join_notes(text, *(missing_note(groups, d) for d in diags), excluded_note(groups))
+
+
+def _k_cells(values: dict, kmax: int, n_row: int, kind: str = "auto") -> list[str]:
+    """'mean ± std' over seeds at each k = 1..kmax of {k: per-seed values}."""
+    return [pm(*stats(values.get(k, [])), kind=kind, n_row=n_row) for k in range(1, kmax + 1)]
+
+
 def main_table(groups: list[Group]) -> Table:
     rows, md_rows = [], []
     for g in groups:
@@ -68,8 +78,7 @@ def main_table(groups: list[Group]) -> Table:
                      "paper_ppl_K_129M": ref["ppl_K_129M"], "paper_norm_K": ref["norm_text"]})
         n_row = len(g.used)
         md_rows.append([g.size.label, g.cond.label, g.runs_text(), f"{len(g.used)}/{len(g.runs)}",
-                        pm(ppl[0], ppl[1], ppl[2], n_row=n_row), pm(nk[0], nk[1], nk[2], n_row=n_row),
-                        pm(nks[0], nks[1], nks[2], n_row=n_row),
+                        pm(*ppl, n_row=n_row), pm(*nk, n_row=n_row), pm(*nks, n_row=n_row),
                         num(ref["ppl_K_129M"]) if ref["ppl_K_129M"] is not None else EMPTY,
                         ref["norm_text"] or EMPTY])
     df = pd.DataFrame(rows)
@@ -110,40 +119,33 @@ def depth_table(groups: list[Group]) -> Table:
             dp_ppl = k_values(g, depth_curve, "ppl")
             dp_norm = k_values(g, depth_curve, "norm")
             tps = k_values(g, throughput_curve, "tokens_per_s")
-            for k in range(1, K + 1):
-                s, sn = stats(ex_ppl.get(k, [])), stats(ex_norm.get(k, []))
-                rows.append({**group_ids(g), "kind": "exit", "k": k, "ppl_mean": s[0], "ppl_std": s[1], "ppl_n": s[2],
-                             "norm_mean": sn[0], "norm_std": sn[1], "tokens_per_s_mean": math.nan,
-                             "tokens_per_s_std": math.nan, "tokens_per_s_n": 0})
-            for k in range(1, max(kmax_depth, kmax_tp) + 1):
-                s, sn, st = stats(dp_ppl.get(k, [])), stats(dp_norm.get(k, [])), stats(tps.get(k, []))
-                rows.append({**group_ids(g), "kind": "depth", "k": k, "ppl_mean": s[0], "ppl_std": s[1], "ppl_n": s[2],
-                             "norm_mean": sn[0], "norm_std": sn[1], "tokens_per_s_mean": st[0],
-                             "tokens_per_s_std": st[1], "tokens_per_s_n": st[2]})
-            ex_rows.append([g.cond.label, f"{len(g.used)}/{len(g.runs)}"] +
-                           [pm(*stats(ex_ppl.get(k, [])), n_row=n_row) for k in range(1, K + 1)])
-            dp_rows.append([g.cond.label, f"{len(g.used)}/{len(g.runs)}"] +
-                           [pm(*stats(dp_ppl.get(k, [])), n_row=n_row) for k in range(1, kmax_depth + 1)])
-            tp_rows.append([g.cond.label, f"{len(g.used)}/{len(g.runs)}"] +
-                           [pm(*stats(tps.get(k, [])), kind="int", n_row=n_row) for k in range(1, kmax_tp + 1)])
+            # the exits have no throughput of their own: stats([]) leaves their columns empty
+            for kind, kmax, ppl, nrm, tp in (("exit", K, ex_ppl, ex_norm, {}),
+                                             ("depth", max(kmax_depth, kmax_tp), dp_ppl, dp_norm, tps)):
+                for k in range(1, kmax + 1):
+                    sn = stats(nrm.get(k, []))
+                    rows.append({**group_ids(g), "kind": kind, "k": k, **stat_columns("ppl", stats(ppl.get(k, []))),
+                                 "norm_mean": sn[0], "norm_std": sn[1],
+                                 **stat_columns("tokens_per_s", stats(tp.get(k, [])))})
+            ex_rows.append([g.cond.label, f"{len(g.used)}/{len(g.runs)}"] + _k_cells(ex_ppl, K, n_row))
+            dp_rows.append([g.cond.label, f"{len(g.used)}/{len(g.runs)}"] + _k_cells(dp_ppl, kmax_depth, n_row))
+            tp_rows.append([g.cond.label, f"{len(g.used)}/{len(g.runs)}"] + _k_cells(tps, kmax_tp, n_row, "int"))
+        marked = [f"k={k}" + (" (K)" if k == K else "") for k in range(1, max(kmax_depth, kmax_tp) + 1)]  # K_train
         md += size_heading(size, multi)
         md += "PPL at each exit k of one K-loop pass (each exit's own readout):\n\n"
         md += md_table(["Condition", "n"] + [f"k={k}" for k in range(1, K + 1)], ex_rows)
         if kmax_depth:
             md += (f"\nPPL at depth k with the final readout (the loop truncated or extended; k > K={K} is "
                    f"extrapolated beyond training depth):\n\n")
-            md += md_table(["Condition", "n"] + [f"k={k}" + (" (K)" if k == K else "") for k in range(1, kmax_depth + 1)],
-                           dp_rows)
+            md += md_table(["Condition", "n"] + marked[:kmax_depth], dp_rows)
         if kmax_tp:
             md += "\nThroughput of teacher-forced evaluation at depth k (tokens/s; k loops + one readout):\n\n"
-            md += md_table(["Condition", "n"] + [f"k={k}" + (" (K)" if k == K else "") for k in range(1, kmax_tp + 1)],
-                           tp_rows)
+            md += md_table(["Condition", "n"] + marked[:kmax_tp], tp_rows)
     md += "\nPaper reference (the paper's 129M results; K=4, three-seed means, PPL over the paper's regex tokens):\n\n"
     md += md_table(["Condition", "k=1", "k=2", "k=3", "k=4"],
                    [[condition(*base).label, *(f"{v:.2f}" for v in ppl)] for base, ppl in paper.PPL_129M.items()] +
                    [["throughput (tokens/s, L40S)", *(f"{v:,}" for v in paper.THROUGHPUT_129M)]])
-    md += join_notes("\nmean ± std over seeds.\n",
-                 missing_note(groups, "depth"), missing_note(groups, "throughput"), excluded_note(groups))
+    md += _notes("\nmean ± std over seeds.\n", groups, "depth", "throughput")
     return Table("depth", "Depth: PPL per exit, under extrapolated depth, and throughput", pd.DataFrame(rows), md)
 
 
@@ -152,14 +154,13 @@ def norms_table(groups: list[Group]) -> Table:
     rows, md_rows, loop_rows, loop_md = [], [], [], ""
     multi = len({g.size for g in groups}) > 1
     for g in groups:
-        finals = [norm_final(r) for r in g.used]
-        finals = [f for f in finals if f]
+        finals = [f for r in g.used if (f := norm_final(r))]
         row = {**group_ids(g)}
         cells = [g.size.label, g.cond.label, f"{len(finals)}/{len(g.runs)}"]
         for key in keys:
             s = stats(f.get(key) for f in finals)
             row.update(stat_columns(key, s))
-            cells.append(pm(s[0], s[1], s[2], n_row=len(finals)))
+            cells.append(pm(*s, n_row=len(finals)))
         rows.append(row)
         md_rows.append(cells)
     for size, gs in by_size(groups):
@@ -168,17 +169,15 @@ def norms_table(groups: list[Group]) -> Table:
         for g in gs:
             nl = k_values(g, norm_loops, "norm")
             for k in range(1, K + 1):
-                s = stats(nl.get(k, []))
-                loop_rows.append({**group_ids(g), "k": k, "norm_mean": s[0], "norm_std": s[1], "norm_n": s[2]})
-            lrows.append([g.cond.label, f"{len(g.used)}/{len(g.runs)}"] +
-                         [pm(*stats(nl.get(k, [])), n_row=len(g.used)) for k in range(1, K + 1)])
+                loop_rows.append({**group_ids(g), "k": k, **stat_columns("norm", stats(nl.get(k, [])))})
+            lrows.append([g.cond.label, f"{len(g.used)}/{len(g.runs)}"] + _k_cells(nl, K, len(g.used)))
         loop_md += size_heading(size, multi) + md_table(["Condition", "n"] + [f"‖H_{k}‖" for k in range(1, K + 1)],
                                                          lrows)
     df = pd.DataFrame(rows)
     md = "Per-token distribution of ‖H_K‖ on validation tokens (per-seed statistics, then mean ± std over seeds):\n\n"
     md += md_table(["Size", "Condition", "n", "mean", "median", "p99", "max", "std", "min", "p99/median"], md_rows)
     md += "\nMean ‖H_k‖ per loop k (eval/norms.json, else the exits of the final validation):\n\n" + loop_md
-    md += join_notes("\n", missing_note(groups, "norms"), excluded_note(groups))
+    md += _notes("\n", groups, "norms")
     return Table("norms", "Hidden-state norms: per loop and per-token distribution of ‖H_K‖", df, md), \
         Table("norm_loops", "‖H_k‖ per loop", pd.DataFrame(loop_rows), "")
 
@@ -198,16 +197,14 @@ def radial_table(groups: list[Group]) -> Table:
                 for row in radial_loops(r) or []:
                     readouts.setdefault(int(row["k"]), row.get("readout"))
             for k in range(1, K + 1):
-                s, c = stats(rf.get(k, [])), stats(mc.get(k, []))
-                rows.append({**group_ids(g), "k": k, "exit_readout": readouts.get(k), "radial_fraction_mean": s[0],
-                             "radial_fraction_std": s[1], "radial_fraction_n": s[2], "mean_cos_mean": c[0],
+                c = stats(mc.get(k, []))
+                rows.append({**group_ids(g), "k": k, "exit_readout": readouts.get(k),
+                             **stat_columns("radial_fraction", stats(rf.get(k, []))), "mean_cos_mean": c[0],
                              "mean_cos_std": c[1]})
-            mrows.append([g.cond.label, f"{n}/{len(g.runs)}"] +
-                         [pm(*stats(rf.get(k, [])), kind="sci", n_row=n) for k in range(1, K + 1)])
+            mrows.append([g.cond.label, f"{n}/{len(g.runs)}"] + _k_cells(rf, K, n, "sci"))
         md += size_heading(size, multi) + md_table(["Condition", "n"] + [f"k={k}" for k in range(1, K + 1)], mrows)
-    md += join_notes("\nRadial gradient fraction mean_t cos²(∂CE_k/∂H_k, H_k) of each exit's immediate loss. Paper: ~1e-9 "
-                 "with the RMSNorm readout, ~1e-2 with the raw readout.\n",
-                 missing_note(groups, "radial"), excluded_note(groups))
+    md += _notes("\nRadial gradient fraction mean_t cos²(∂CE_k/∂H_k, H_k) of each exit's immediate loss. Paper: ~1e-9 "
+                 "with the RMSNorm readout, ~1e-2 with the raw readout.\n", groups, "radial")
     return Table("radial", "Radial gradient fraction per loop (visibility lemma)", pd.DataFrame(rows), md)
 
 
@@ -239,11 +236,11 @@ def lemma_table(groups: list[Group]) -> Table:
                         m("angular_times_scale", first), m("angular_times_scale", last), num(cv)])
     md = md_table(["Size", "Condition", "n", "s_1", "s_L", "‖Δu‖ 1→2", "‖Δu‖ last", "‖Δu‖·s 1→2", "‖Δu‖·s last",
                    "CV of ‖Δu‖·s (k≥2)"], md_rows)
-    md += join_notes("\nActivity lemma over L = eval.lemma_loops loops: s_k = ‖H_k‖ per token, u_k = H_k/s_k; ‖Δu‖ = "
+    md += _notes("\nActivity lemma over L = eval.lemma_loops loops: s_k = ‖H_k‖ per token, u_k = H_k/s_k; ‖Δu‖ = "
                  "‖u_{k+1} − u_k‖, ‖Δu‖·s = ‖u_{k+1} − u_k‖·s_k (mean ± std over seeds; the CV is over the seed "
                  "means). The lemma predicts ‖Δu‖ ∝ 1/s, i.e. "
                  "‖Δu‖·s roughly constant (small CV over the transitions k ≥ 2) while s grows. Per-loop values in "
-                 "lemma.csv and the Lemma-2 figure.\n", missing_note(groups, "lemma"), excluded_note(groups))
+                 "lemma.csv and the Lemma-2 figure.\n", groups, "lemma")
     return Table("lemma", "Lemma-2 check (activity lemma)", pd.DataFrame(rows), md)
 
 
@@ -271,16 +268,15 @@ def clamp_table(groups: list[Group]) -> Table:
             nrm = stats(v.get("norm") for v in modes[mode].get(K, []))
             base = stats(v.get("norm") for v in modes.get("none", {}).get(K, []))
             md_rows.append([g.size.label, g.cond.label, mode, f"{n}/{len(g.runs)}", " / ".join(dce),
-                            pm(rel[0], rel[1], rel[2], n_row=n), pm(base[0], base[1], base[2], n_row=n),
-                            pm(nrm[0], nrm[1], nrm[2], n_row=n)])
+                            pm(*rel, n_row=n), pm(*base, n_row=n), pm(*nrm, n_row=n)])
         if not modes:
             md_rows.append([g.size.label, g.cond.label, EMPTY, f"0/{len(g.runs)}", EMPTY, EMPTY, EMPTY, EMPTY])
     md = md_table(["Size", "Condition", "Clamp", "n", "ΔCE (nats) at k=1..K", "PPL ratio at K", "‖H_K‖ unclamped",
                    "‖H_K‖ clamped"], md_rows)
-    md += join_notes("\nInference-time interventions on the trained model: remove_radial drops each loop's update "
+    md += _notes("\nInference-time interventions on the trained model: remove_radial drops each loop's update "
                  "component along the previous state's direction; freeze_loop1 rescales every state to its loop-1 "
                  "per-token RMS. ΔCE = CE(clamped) − CE(unclamped) per exit. Paper: clamping the scale changes CE "
-                 "very little.\n", missing_note(groups, "clamp"), excluded_note(groups))
+                 "very little.\n", groups, "clamp")
     return Table("clamp", "Scale-clamp interventions", pd.DataFrame(rows), md)
 
 
@@ -305,20 +301,17 @@ def scale_table(groups: list[Group]) -> Table:
         if not per:
             md_rows.append([g.size.label, g.cond.label, f"0/{len(g.runs)}"] + [EMPTY] * (len(SCALE_MD_ALPHAS) + 2))
             continue
-        worst = []
-        for r in g.used:
-            d = [abs(v.get("delta_ce")) for v in scale_sweep(r) or [] if finite(v.get("delta_ce"))]
-            if d:
-                worst.append(max(d))
+        worst = [max(d) for r in g.used  # each seed's largest |ΔCE|
+                 if (d := [abs(v.get("delta_ce")) for v in scale_sweep(r) or [] if finite(v.get("delta_ce"))])]
         ce1 = pm(*stats(v.get("ce") for v in per.get(1.0, [])), n_row=n)
         dce = [pm(*stats(v.get("delta_ce") for v in per.get(a, [])), n_row=n) for a in SCALE_MD_ALPHAS]
         md_rows.append([g.size.label, g.cond.label, f"{n}/{len(g.runs)}", ce1, *dce, pm(*stats(worst), n_row=n)])
     md = md_table(["Size", "Condition", "n", "CE at α=1"] + [f"ΔCE α={a:g}" for a in SCALE_MD_ALPHAS]
                   + ["max |ΔCE|"], md_rows)
-    md += join_notes("\nScale sensitivity (the official scale_sensitivity.py): CE of the final readout of α·H_K, "
+    md += _notes("\nScale sensitivity (the official scale_sensitivity.py): CE of the final readout of α·H_K, "
                  "ΔCE = CE(α) − CE(1), α = 0.1 … 10 (every α in scale.csv and the scale figure). A scale-invariant "
                  "readout is flat in α (ΔCE = 0: the loss cannot see ‖H_K‖); a raw readout is not.\n",
-                 missing_note(groups, "scale"), excluded_note(groups))
+                 groups, "scale")
     return Table("scale", "Scale sensitivity: CE of the readout of α·H_K", pd.DataFrame(rows), md)
 
 
@@ -347,8 +340,8 @@ def halting_table(groups: list[Group]) -> Table:
             meets = [(p.get("test") or {}).get("meets_target") for p in ps]
             row["test_meets_target_frac"] = (sum(bool(m) for m in meets) / len(meets)) if meets else math.nan
             row["early_exit_frac"] = sum(bool(p.get("early_exit")) for p in ps) / len(ps)
-            sp = stats(v.get("speedup") for v in dyn.get(policy, [])) if gran == "sequence" else (math.nan, math.nan, 0)
-            dl = stats(v.get("mean_loops") for v in dyn.get(policy, [])) if gran == "sequence" else (math.nan, math.nan, 0)
+            timed = dyn.get(policy, []) if gran == "sequence" else []  # dynamic depth: sequence policies only
+            sp, dl = stats(v.get("speedup") for v in timed), stats(v.get("mean_loops") for v in timed)
             row.update({"dynamic_speedup_mean": sp[0], "dynamic_speedup_std": sp[1], "dynamic_speedup_n": sp[2],
                         "dynamic_mean_loops_mean": dl[0]})
             rows.append(row)
@@ -364,10 +357,10 @@ def halting_table(groups: list[Group]) -> Table:
             md_rows.append([g.size.label, g.cond.label, EMPTY, f"0/{len(g.runs)}"] + [EMPTY] * 7)
     md = md_table(["Size", "Condition", "Policy/granularity", "n", "calib mean loops", "calib PPL ratio",
                    "test mean loops", "test PPL", "test PPL ratio", "test meets target", "real speed-up"], md_rows)
-    md += join_notes("\nPost-hoc exit policies with the threshold calibrated on the first half of the halting windows "
+    md += _notes("\nPost-hoc exit policies with the threshold calibrated on the first half of the halting windows "
                  "(PPL ≤ (1+ε)·full-depth PPL with the fewest mean loops), reported on the second half. PPL ratio = "
                  "PPL / full-depth PPL. Real speed-up: wall-clock of dynamic-depth execution (sequence policy) vs "
-                 "full depth on the test half.\n", missing_note(groups, "halting"), excluded_note(groups))
+                 "full depth on the test half.\n", groups, "halting")
     return Table("halting", "Calibrated halting", pd.DataFrame(rows), md)
 
 
@@ -390,7 +383,7 @@ def runs_table(runs: list[Run], root: Optional[Path] = None) -> Table:
         md_rows.append([r.size.label, r.condition.label, str(r.seed), r.note,
                         f"{steps}/{tot}" if steps is not None else EMPTY,
                         num(r.summary.get("wall_time_s")), num(fe["ppl"]), num(fe["norm"]),
-                        "all" if not missing else ("none" if all(diags[d] == "missing" for d in diags) else
+                        "all" if not missing else ("none" if all(s == "missing" for s in diags.values()) else
                                                    _diag_text(diags)), path])
     md = md_table(["Size", "Condition", "Seed", "Status", "Steps", "Wall time (s)", "PPL (exit K)", "‖H_K‖",
                    "Diagnostics", "Run directory"], md_rows)
@@ -450,13 +443,13 @@ def halting_paper_table(groups: list[Group]) -> Table:
             md_rows.append([g.size.label, g.cond.label, EMPTY, f"0/{len(g.runs)}"] + [EMPTY] * len(_PAPER_HALTING_KEYS))
     md = md_table(["Size", "Condition", "Policy", "n", "threshold", "mean loops", "PPL ratio", "fixed PPL",
                    "dynamic PPL", "dynamic mean loops", "real speed-up"], md_rows)
-    md += join_notes("\nThe paper's halting protocol (Table 8; official adaptive_halt_benchmark.py): per window, the mean "
+    md += _notes("\nThe paper's halting protocol (Table 8; official adaptive_halt_benchmark.py): per window, the mean "
                  "token confidence after each loop k < K is compared with a threshold chosen among the quantiles of "
                  "those confidences so that PPL ≤ 1.01 · PPL at exit K with the fewest mean loops (ties: the lowest "
                  "threshold), calibrated in sample: the benchmark runs on the same windows. Fixed PPL: a full pass "
                  "that reads out every exit (the paper's baseline), scored at exit K; real speed-up: its wall clock "
                  "over the dynamic-depth run's. Compare the held-out protocol in the halting table.\n",
-                 missing_note(groups, "halting"), excluded_note(groups))
+                 groups, "halting")
     return Table("halting_paper", "Calibrated halting, paper protocol (in-sample)", pd.DataFrame(rows), md)
 
 
@@ -488,8 +481,7 @@ def run_rows(r: Run, root: Optional[Path] = None) -> list[dict]:
     ne = _by_k(norm_loops(r) if r.diag("norms") else None, "norm")
     rad = radial_loops(r) if r.completed else None
     rf, rc, rr = _by_k(rad, "radial_fraction"), _by_k(rad, "mean_cos"), _by_k(rad, "readout")
-    cl = clamp_modes(r) if r.completed else None
-    cl = cl or {}
+    cl = (clamp_modes(r) if r.completed else None) or {}
     rm, fz = _by_k(cl.get("remove_radial"), "delta_ce"), _by_k(cl.get("freeze_loop1"), "delta_ce")
     base = {"size": s.label, "params": s.params, "d_model": s.d_model, "n_layers": s.n_layers, "n_heads": s.n_heads,
             "d_ff": s.d_ff, "seq_len": s.seq_len, "vocab_size": s.vocab_size, "n_loops": K,
