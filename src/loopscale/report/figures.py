@@ -45,10 +45,7 @@ def _int_ticks(ax) -> None:
 def _panels(groups: list[Group], width: float = 5.6, height: float = 4.2, overview: bool = False):
     """One panel per size; `overview`: each panel gets a short full-range panel above it
     (`ax._overview`, filled by `_zoom`)."""
-    sizes = []
-    for g in groups:
-        if g.size not in sizes:
-            sizes.append(g.size)
+    sizes = list(dict.fromkeys(g.size for g in groups))
     n = max(1, len(sizes))
     if not overview:
         fig, axes = plt.subplots(1, n, figsize=(width * n + _LEGEND_W, height), squeeze=False, layout="constrained")
@@ -61,13 +58,11 @@ def _panels(groups: list[Group], width: float = 5.6, height: float = 4.2, overvi
 
 
 def _legend(fig, groups: list[Group], extra: Optional[list] = None) -> None:
-    seen, handles = set(), []
+    first: dict = {}  # each condition's first group
     for g in groups:
-        if g.cond in seen:
-            continue
-        seen.add(g.cond)
-        lab = g.cond.label + ("" if g.used else " (no completed run)")
-        handles.append(Line2D([], [], color=colour(g.cond), ls=linestyle(g.cond), marker=marker(g.cond), label=lab))
+        first.setdefault(g.cond, g)
+    handles = [Line2D([], [], color=colour(c), ls=linestyle(c), marker=marker(c),
+                      label=c.label + ("" if g.used else " (no completed run)")) for c, g in first.items()]
     handles += extra or []
     if handles:
         fig.legend(handles=handles, loc="outside right center", frameon=False)
@@ -256,19 +251,18 @@ def fig_norm_per_loop(groups: list[Group], path: Path) -> Path:
 def fig_norm_training(groups: list[Group], path: Path) -> Path:
     fig, axes, sizes = _panels(groups)
     for ax, size in zip(axes, sizes):
-        any_, allv = False, []
+        allv = []
         for g in (g for g in groups if g.size == size):
-            for i, r in enumerate(g.runs):  # diverged runs are drawn too: their curve is informative
+            for r in g.runs:  # diverged runs are drawn too: their curve is informative
                 tr = [(s, v) for s, v in training_norms(r) if _positive(v)]
                 if not tr:
                     continue
-                any_ = True
                 allv += [t[1] for t in tr]
                 ax.plot([t[0] for t in tr], [t[1] for t in tr], color=colour(g.cond), ls=linestyle(g.cond), lw=1.3,
                         alpha=0.9 if r.completed else 0.5)
                 if not r.completed:
                     ax.plot([tr[-1][0]], [tr[-1][1]], marker="x", color=colour(g.cond), ms=8, mew=2)
-        if any_:
+        if allv:
             _log(ax, "y", allv)
         else:
             _empty(ax, "metrics.jsonl")
@@ -291,7 +285,7 @@ def fig_ppl_depth(groups: list[Group], path: Path) -> Path:
                 ax.plot(ks, m, color=colour(g.cond), ls=linestyle(g.cond), marker=marker(g.cond), ms=4, lw=1.6)
                 vals += m
                 at_k += [v for k, v in zip(ks, m) if k == size.n_loops]
-            ke, me, _ = _k_mean(g, lambda r: exits(r)[0], "ppl")
+            ke, me, _ = _k_mean(g, exit_ppl_curve, "ppl")
             spec = g.cond.readout_spec
             if ke and spec is not None and spec.exits_differ:  # its exits k<K use another readout
                 ax.plot(ke, me, color=colour(g.cond), ls=":", marker=marker(g.cond), ms=4, mfc="none", lw=1.2)
@@ -367,15 +361,13 @@ def _frontier(groups: list[Group], path: Path, ppl_curve, exits_only: bool, titl
 _LABEL_OFFSETS = ((4, -10), (4, 3), (-4, 3), (-4, -10), (6, -4), (-6, -4), (0, 7), (0, -13))
 
 
-def _place_labels(fig, labels: list) -> int:
+def _place_labels(fig, labels: list) -> None:
     """Annotate each (ax, x, y, text, colour) at the first offset (`_LABEL_OFFSETS`) where it
     overlaps no label already placed and stays inside its panel; a label with no free place
-    is left out (the points stay, and their values are in the tables). Returns how many were
-    left out."""
+    is left out (the points stay, and their values are in the tables)."""
     fig.canvas.draw()  # the final layout (constrained): text extents in display units
     renderer = fig.canvas.get_renderer()
     placed = [t.get_window_extent(renderer) for ax in fig.axes if ax.get_visible() for t in ax.texts]  # notes
-    dropped = 0
     for ax, x, y, text, col in labels:
         if not (ax.get_visible() and np.isfinite(x) and np.isfinite(y)):
             continue
@@ -389,9 +381,6 @@ def _place_labels(fig, labels: list) -> int:
                 placed.append(bb)
                 break
             t.remove()
-        else:
-            dropped += 1
-    return dropped
 
 
 def fig_frontier(groups: list[Group], path: Path) -> Path:
@@ -403,8 +392,7 @@ def fig_frontier(groups: list[Group], path: Path) -> Path:
 
 def exit_ppl_curve(run: Run) -> Optional[list]:
     """[{k, ppl}] of the exits k = 1..K, each read through its exit readout (the paper's Table 5)."""
-    ex, _ = exits(run)
-    return ex
+    return exits(run)[0]
 
 
 def fig_frontier_exits(groups: list[Group], path: Path) -> Path:
@@ -420,7 +408,7 @@ def fig_radial_vs_norm(groups: list[Group], path: Path) -> Path:
     fig, axes, sizes = _panels(groups)
     floor = 1e-12
     for ax, size in zip(axes, sizes):
-        any_, allx = False, []
+        allx = []
         for g in (g for g in groups if g.size == size):
             xs, ys = [], []
             for r in g.used:
@@ -432,11 +420,10 @@ def fig_radial_vs_norm(groups: list[Group], path: Path) -> Path:
                 xs.append(nk)
                 ys.append(max(last["radial_fraction"], floor))
             if xs:
-                any_ = True
                 allx += xs
                 ax.scatter(xs, ys, color=colour(g.cond), marker=marker(g.cond), s=45, edgecolors="k",
                            linewidths=0.5, zorder=3)
-        if any_:
+        if allx:
             _log(ax, "x", allx)
             _log(ax, "y")
             ax.axhline(1e-6, color="0.3", ls=":", lw=1)
@@ -478,10 +465,7 @@ def fig_norm_histogram(groups: list[Group], path: Path) -> Path:
 
 
 def fig_lemma(groups: list[Group], path: Path) -> Path:
-    sizes = []
-    for g in groups:
-        if g.size not in sizes:
-            sizes.append(g.size)
+    sizes = list(dict.fromkeys(g.size for g in groups))
     n = max(1, len(sizes))
     fig, axes = plt.subplots(n, 3, figsize=(15.5 + _LEGEND_W, 4.2 * n), squeeze=False, layout="constrained")
     for row, size in zip(axes, sizes or [None]):
@@ -545,10 +529,8 @@ def fig_scale(groups: list[Group], path: Path) -> Path:
 def _exit_curves(g: Group) -> tuple[list, list]:
     """Training steps and, per exit k, the seed-mean training CE at those steps (steps
     logged by every completed seed)."""
-    per_seed = []
-    for r in g.used:
-        per_seed.append({int(m["step"]): m["ce"] for m in r.metrics
-                         if finite(m.get("step")) and isinstance(m.get("ce"), list) and m["ce"]})
+    per_seed = [{int(m["step"]): m["ce"] for m in r.metrics
+                 if finite(m.get("step")) and isinstance(m.get("ce"), list) and m["ce"]} for r in g.used]
     if not per_seed:
         return [], []
     steps = sorted(set.intersection(*(set(d) for d in per_seed)))
