@@ -452,11 +452,10 @@ def fig_norm_histogram(groups: list[Group], path: Path) -> Path:
                 ax.stairs([c / total for c in counts], edges, color=colour(g.cond), lw=1.4,
                           ls=linestyle(g.cond), alpha=0.9 if i == 0 else 0.45)
                 lo, hi = min(lo, edges[0]), max(hi, edges[-1])
-        if hi > 0:
-            if lo > 0:
-                _log(ax, "x", [lo, hi])
-        else:
+        if hi <= 0:
             _empty(ax, "norms histogram")
+        elif lo > 0:
+            _log(ax, "x", [lo, hi])
         ax.set_title(f"Per-token ‖H_K‖ distribution — {size.label}")
         ax.set_xlabel("per-token ‖H_K‖ (L2 over channels, log scale)")
         ax.set_ylabel("fraction of validation tokens per bin")
