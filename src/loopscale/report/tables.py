@@ -225,7 +225,7 @@ def lemma_table(groups: list[Group]) -> Table:
         L = ks[-1]
         trans = [k for k in ks if stats(cols["angular_update"].get(k, []))[2]]
         first, last = (trans[0], trans[-1]) if trans else (None, None)
-        prod = [stats(cols["angular_times_scale"].get(k, []))[0] for k in trans[1:]] if len(trans) > 1 else []
+        prod = [stats(cols["angular_times_scale"].get(k, []))[0] for k in trans[1:]]
         ps = stats(prod)
         cv = ps[1] * math.sqrt((ps[2] - 1) / ps[2]) / ps[0] if ps[2] > 1 and ps[0] else math.nan  # population CV
 
@@ -301,8 +301,8 @@ def scale_table(groups: list[Group]) -> Table:
         if not per:
             md_rows.append([g.size.label, g.cond.label, f"0/{len(g.runs)}"] + [EMPTY] * (len(SCALE_MD_ALPHAS) + 2))
             continue
-        worst = [max(d) for r in g.used  # each seed's largest |ΔCE|
-                 if (d := [abs(v.get("delta_ce")) for v in scale_sweep(r) or [] if finite(v.get("delta_ce"))])]
+        deltas = [[abs(v.get("delta_ce")) for v in scale_sweep(r) or [] if finite(v.get("delta_ce"))] for r in g.used]
+        worst = [max(d) for d in deltas if d]  # each seed's largest |ΔCE|
         ce1 = pm(*stats(v.get("ce") for v in per.get(1.0, [])), n_row=n)
         dce = [pm(*stats(v.get("delta_ce") for v in per.get(a, [])), n_row=n) for a in SCALE_MD_ALPHAS]
         md_rows.append([g.size.label, g.cond.label, f"{n}/{len(g.runs)}", ce1, *dce, pm(*stats(worst), n_row=n)])
