@@ -308,7 +308,7 @@ def fig_ppl_depth(groups: list[Group], path: Path) -> Path:
                            if g.used and g.cond.readout_spec is not None and g.cond.readout_spec.exits_differ)
     extra = [Line2D([], [], color="0.3", ls=":", marker=readout_style(r)[1], mfc="none",
                     label=f"{READOUTS[r].label}: exits k<K ({_exit_readout_label(READOUTS[r])})") for r in differ]
-    _legend(fig, groups, extra or None)
+    _legend(fig, groups, extra)
     return save_figure(fig, path)
 
 
