@@ -52,10 +52,7 @@ class Group:
 
     def runs_text(self) -> str:
         """'3 completed' / '2 completed; seed 7 diverged at step 40' / '0 completed; seed 1 failed: ...'."""
-        parts = [f"{len(self.used)} completed"]
-        for r in self.excluded:
-            parts.append(f"seed {r.seed} {r.note}")
-        return "; ".join(parts)
+        return "; ".join([f"{len(self.used)} completed"] + [f"seed {r.seed} {r.note}" for r in self.excluded])
 
 
 def group_runs(runs: Iterable[Run]) -> list[Group]:
@@ -66,7 +63,7 @@ def group_runs(runs: Iterable[Run]) -> list[Group]:
     out = list(groups.values())
     out.sort(key=lambda g: (g.size.sort_key(), g.cond.sort_key()))
     for g in out:
-        g.runs.sort(key=lambda r: (r.seed if r.seed is not None else -1, str(r.path)))
+        g.runs.sort(key=Run.seed_key)
     return out
 
 
@@ -114,26 +111,24 @@ def final_exit(run: Run) -> dict:
             "norm": last.get("norm", math.nan), "source": src}
 
 
+def _field(run: Run, diag: str, key: str, kind: type):
+    """`key` of eval/<diag>.json's payload where it is a `kind` (None when absent or another type)."""
+    d = run.diag(diag)
+    v = d.get(key) if d else None
+    return v if isinstance(v, kind) else None
+
+
 def depth_curve(run: Run) -> Optional[list]:
-    d = run.diag("depth")
-    return d.get("depth") if d and isinstance(d.get("depth"), list) else None
+    return _field(run, "depth", "depth", list)
 
 
 def throughput_curve(run: Run) -> Optional[list]:
-    d = run.diag("throughput")
-    return d.get("depth") if d and isinstance(d.get("depth"), list) else None
-
-
-def _loops(d: Optional[dict]) -> Optional[list]:
-    if not d:
-        return None
-    rows = d.get("loops")
-    return rows if isinstance(rows, list) else None
+    return _field(run, "throughput", "depth", list)
 
 
 def norm_loops(run: Run) -> Optional[list]:
     """[{k, norm}] from eval/norms.json (mean per-token ‖H_k‖), else the exits' norms."""
-    rows = _loops(run.diag("norms"))
+    rows = _field(run, "norms", "loops", list)
     if rows:
         return [{"k": r.get("k"), "norm": r.get("norm")} for r in rows]
     ex, _ = exits(run)
@@ -141,63 +136,43 @@ def norm_loops(run: Run) -> Optional[list]:
 
 
 def norm_final(run: Run) -> Optional[dict]:
-    d = run.diag("norms")
-    return d.get("final") if d and isinstance(d.get("final"), dict) else None
+    return _field(run, "norms", "final", dict)
 
 
 def norm_histogram(run: Run) -> Optional[dict]:
-    d = run.diag("norms")
-    h = d.get("histogram") if d else None
-    return h if isinstance(h, dict) and h.get("edges") and h.get("counts") else None
+    h = _field(run, "norms", "histogram", dict)
+    return h if h and h.get("edges") and h.get("counts") else None
 
 
 def radial_loops(run: Run) -> Optional[list]:
-    return _loops(run.diag("radial"))
+    return _field(run, "radial", "loops", list)
 
 
 LEMMA_KEYS = ("scale", "radial_increment", "relative_increment", "angular_update", "angular_times_scale")
 
 
 def lemma_loops(run: Run) -> Optional[list]:
-    rows = _loops(run.diag("lemma"))
-    if not rows:
-        return None
-    out = []
-    for r in rows:
-        row = {"k": r.get("k")}
-        for key in LEMMA_KEYS:
-            row[key] = r.get(key, math.nan)
-        out.append(row)
-    return out
+    rows = _field(run, "lemma", "loops", list)
+    return [{"k": r.get("k"), **{key: r.get(key, math.nan) for key in LEMMA_KEYS}} for r in rows] if rows else None
 
 
 def clamp_modes(run: Run) -> Optional[dict]:
-    d = run.diag("clamp")
-    m = d.get("modes") if d else None
-    return m if isinstance(m, dict) else None
+    return _field(run, "clamp", "modes", dict)
 
 
 def scale_sweep(run: Run) -> Optional[list]:
     """[{alpha, ce, ppl, delta_ce}] from eval/scale.json (the α scale-sensitivity sweep)."""
-    d = run.diag("scale")
-    rows = d.get("sweep") if d else None
-    return rows if isinstance(rows, list) else None
+    return _field(run, "scale", "sweep", list)
 
 
 def halting_policies(run: Run) -> Optional[dict]:
-    d = run.diag("halting")
-    p = d.get("policies") if d else None
-    return p if isinstance(p, dict) else None
+    return _field(run, "halting", "policies", dict)
 
 
 def training_norms(run: Run) -> list[tuple[int, float]]:
     """(step, ‖H_K‖) from the training log."""
-    out = []
-    for r in run.metrics:
-        n = r.get("norm")
-        if isinstance(n, list) and n and finite(r.get("step")):
-            out.append((int(r["step"]), n[-1]))
-    return out
+    return [(int(r["step"]), r["norm"][-1]) for r in run.metrics
+            if isinstance(r.get("norm"), list) and r["norm"] and finite(r.get("step"))]
 
 
 # ---------------------------------------------------------------------------

@@ -6,6 +6,7 @@ broken file never raises; it turns into a status ("failed", "missing") or an emp
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -47,20 +48,16 @@ class Size:
                 self.seq_len)
 
 
-_PARAMS_CACHE: dict = {}
-
-
+@functools.cache
 def _params_of(size: "Size") -> int:
-    if size not in _PARAMS_CACHE:
-        try:
-            from ..config import ModelConfig
-            from ..model import count_params
-            _PARAMS_CACHE[size] = count_params(ModelConfig(
-                vocab_size=size.vocab_size, d_model=size.d_model, n_layers=size.n_layers, n_heads=size.n_heads,
-                d_ff=size.d_ff, seq_len=size.seq_len, n_loops=size.n_loops))
-        except Exception:
-            _PARAMS_CACHE[size] = 0
-    return _PARAMS_CACHE[size]
+    try:
+        from ..config import ModelConfig
+        from ..model import count_params
+        return count_params(ModelConfig(
+            vocab_size=size.vocab_size, d_model=size.d_model, n_layers=size.n_layers, n_heads=size.n_heads,
+            d_ff=size.d_ff, seq_len=size.seq_len, n_loops=size.n_loops))
+    except Exception:
+        return 0
 
 
 def _fmt_params(n: int) -> str:
@@ -112,6 +109,10 @@ class Run:
     @property
     def completed(self) -> bool:
         return self.status == "completed"
+
+    def seed_key(self) -> tuple:
+        """Orders runs by seed (none first), then path."""
+        return (self.seed if self.seed is not None else -1, str(self.path))
 
     def diag(self, name: str) -> Optional[dict]:
         """The payload of eval/<name>.json if it exists, parsed and has status ok."""
@@ -266,17 +267,17 @@ def load_run(path: str | os.PathLike) -> Run:
         summary = {k: v for k, v in summary.items() if k != "validation"}
         problems.append(f"summary.json malformed: {bad_summary}")
     evals = {}
-    for name in DIAGNOSTICS:
-        p = path / DIAGNOSTICS[name].file
+    for name, diag in DIAGNOSTICS.items():
+        p = path / diag.file
         if p.exists():
             d = _read_json(p)
             why = malformed(d) if isinstance(d, dict) and d.get("status", "ok") == "ok" else None
             if not isinstance(d, dict):
                 evals[name] = {"status": "unreadable"}
-                problems.append(f"{DIAGNOSTICS[name].file} unreadable: {'empty' if _empty(p) else 'not a JSON object'}")
+                problems.append(f"{diag.file} unreadable: {'empty' if _empty(p) else 'not a JSON object'}")
             elif why:
                 evals[name] = {"status": "malformed"}
-                problems.append(f"{DIAGNOSTICS[name].file} malformed: {why}")
+                problems.append(f"{diag.file} malformed: {why}")
             else:
                 evals[name] = d
     note += "".join(f" ({p})" for p in problems)
@@ -293,10 +294,7 @@ def _empty(p: Path) -> bool:
 
 def load_runs(paths) -> list[Run]:
     """Load run directories, sorted by size, condition and seed (order of `paths` is irrelevant)."""
-    runs = [load_run(p) for p in paths]
-    runs.sort(key=lambda r: (r.size.sort_key(), r.condition.sort_key(), r.seed if r.seed is not None else -1,
-                             str(r.path)))
-    return runs
+    return sorted(map(load_run, paths), key=lambda r: (r.size.sort_key(), r.condition.sort_key(), *r.seed_key()))
 
 
 # -- which runs may be averaged ---------------------------------------------------------
@@ -377,8 +375,9 @@ def check_runs(runs: list[Run]) -> None:
                               f"one run would be averaged as two seeds; give the report only one of them")
         seen[key] = r
         first = groups.setdefault((r.size, r.condition), r)
-        if experiment_key(first.config) != experiment_key(r.config):
-            diff = _first_difference(json.loads(experiment_key(first.config)), json.loads(experiment_key(r.config)))
+        a, b = experiment_key(first.config), experiment_key(r.config)
+        if a != b:
+            diff = _first_difference(json.loads(a), json.loads(b))
             raise ConfigError(f"runs {first.path} and {r.path} ({row}) are not seeds of one experiment "
                               f"({diff}); report each experiment's runs separately")
 
