@@ -185,7 +185,7 @@ def report_markdown(runs: list[Run], results_dir: Path, out_path: Path, experime
     base = Path(out_path).parent
 
     def rel(p: Path) -> str:
-        return Path(os.path.relpath(Path(p).resolve(), Path(base).resolve())).as_posix()
+        return Path(os.path.relpath(Path(p).resolve(), base.resolve())).as_posix()
 
     groups = group_runs(runs)
     tables = build_tables(runs, root=Path.cwd())
@@ -217,9 +217,7 @@ def report_markdown(runs: list[Run], results_dir: Path, out_path: Path, experime
     if not evidence:
         out.append("Not judged: a pipeline check (`evidence: false`) gives no verdicts; an experiment at a "
                    "scale meant as evidence (`cpu`, `paper`) judges each claim of the paper here.\n")
-        out += _figures_and_tables(runs, tables, figures_dir, results_dir, rel, evidence)
-        return "\n".join(out)
-    if claims_family == "dose":  # the dose-response study's own rules (report/dose.py), its table and figure
+    elif claims_family == "dose":  # the dose-response study's own rules (report/dose.py), its table and figure
         p = figures_dir / "dose.png"
         out += ["The dose-response rules (D1–D4), evaluated on the seed means of the completed runs and on every "
                 "seed alone (D3 pools every run). " + (
@@ -228,22 +226,21 @@ def report_markdown(runs: list[Run], results_dir: Path, out_path: Path, experime
                 dose.dose_markdown(results, dose_frame)]
         if p.is_file():
             out.append(f"**Dose-response** (`dose.png`)\n\n![Dose-response]({rel(p)})\n")
-        out += _figures_and_tables(runs, tables, figures_dir, results_dir, rel, evidence)
-        return "\n".join(out)
-    out += [
-           "Each claim of the paper (its headline results and Table 1) with the paper's number, ours, and a "
-           "verdict computed by the rule in the last column, on the seed means of the completed runs and on every "
-           "seed alone (conditions matched at the same model size and seed): \"reproduced (3/3 seeds)\" holds on "
-           "the means and in every seed, \"mixed: 2/3 seeds\" holds in 2 of 3 seeds. The rules and thresholds are "
-           "fixed in `src/loopscale/report/claims.py`. Evidence (rules the models could fail) and sanity checks "
-           "(rules that hold by construction) are two tables. " + (
-               f"The rules were pre-registered ({preregistered}). " if preregistered else
-               "For this experiment, run before the rules' pre-registration, the \"As first registered\" column "
-               "keeps each rule changed after results as first registered, its verdict and the reason. ") +
-           "Each claim is also re-evaluated per seed under the researcher's choices the rule does not fix "
-           "(clamp, ‖H_K‖ statistic, exits, metric; choices.csv), and over a grid of its threshold.\n",
-           C.claims_markdown(results),
-           "\n" + C.thresholds_text() + "\n"]
+    else:
+        out += [
+            "Each claim of the paper (its headline results and Table 1) with the paper's number, ours, and a "
+            "verdict computed by the rule in the last column, on the seed means of the completed runs and on every "
+            "seed alone (conditions matched at the same model size and seed): \"reproduced (3/3 seeds)\" holds on "
+            "the means and in every seed, \"mixed: 2/3 seeds\" holds in 2 of 3 seeds. The rules and thresholds are "
+            "fixed in `src/loopscale/report/claims.py`. Evidence (rules the models could fail) and sanity checks "
+            "(rules that hold by construction) are two tables. " + (
+                f"The rules were pre-registered ({preregistered}). " if preregistered else
+                "For this experiment, run before the rules' pre-registration, the \"As first registered\" column "
+                "keeps each rule changed after results as first registered, its verdict and the reason. ") +
+            "Each claim is also re-evaluated per seed under the researcher's choices the rule does not fix "
+            "(clamp, ‖H_K‖ statistic, exits, metric; choices.csv), and over a grid of its threshold.\n",
+            C.claims_markdown(results),
+            "\n" + C.thresholds_text() + "\n"]
     out += _figures_and_tables(runs, tables, figures_dir, results_dir, rel, evidence)
     return "\n".join(out)
 
