@@ -146,13 +146,17 @@ def cmd_story(args) -> int:
     return 0
 
 
+def _runs_arg(q) -> None:
+    q.add_argument("--runs", nargs="+", required=True, metavar="RUN_DIR",
+                   help="run directories (or directories searched recursively for runs)")
+
+
 def add_story(sub) -> None:
     """`loopscale eval story` (under `loopscale eval`: a cross-run diagnostic computed from the
     runs' eval JSONs, report/endpoint_scale.py)."""
     q = sub.add_parser("story", help="loss placement x scale visibility over a grid's runs (2x2 table, quadrant "
                                      "figure, radial-vs-norm correlations)")
-    q.add_argument("--runs", nargs="+", required=True, metavar="RUN_DIR",
-                   help="run directories (or directories searched recursively for runs)")
+    _runs_arg(q)
     q.add_argument("--out", required=True, help="output directory (story.csv, story.md, story_summary.json, "
                                                 "story_quadrant.png + .pdf)")
     q.set_defaults(func=cmd_story)
@@ -165,10 +169,6 @@ def add_commands(subparsers) -> None:
     sub = p.add_subparsers(dest="report_command", required=True,
                            metavar="{tables,figures,write,drift-law,drift-law-predict,claims,claims-matrix}")
 
-    def runs_arg(q):
-        q.add_argument("--runs", nargs="+", required=True, metavar="RUN_DIR",
-                       help="run directories (or directories searched recursively for runs)")
-
     def claims_args(q):
         q.add_argument("--claims", default="paper", choices=("paper", "factorial", "dose"),
                        help="the claims family (params.yaml experiments.<name>.claims; default: paper)")
@@ -177,20 +177,20 @@ def add_commands(subparsers) -> None:
                             "claims.md then shows no after-results amendments")
 
     q = sub.add_parser("tables", help="aggregate tables as CSV + Markdown (+ claims.csv/md)")
-    runs_arg(q)
+    _runs_arg(q)
     q.add_argument("--out", required=True, help="output directory, e.g. results/<exp>")
     claims_args(q)
     q.set_defaults(func=cmd_tables)
 
     q = sub.add_parser("figures", help="PNG figures")
-    runs_arg(q)
+    _runs_arg(q)
     q.add_argument("--claims", default="paper", choices=("paper", "factorial", "dose"),
                    help="the claims family; dose adds the dose-response figure dose.png")
     q.add_argument("--out", required=True, help="output directory, e.g. results/<exp>/figures")
     q.set_defaults(func=cmd_figures)
 
     q = sub.add_parser("write", help="the generated REPORT.md")
-    runs_arg(q)
+    _runs_arg(q)
     q.add_argument("--results", required=True, help="directory of the tables (linked from the report)")
     q.add_argument("--figures", default=None, help="directory of the figures (default: RESULTS/figures)")
     q.add_argument("--params", default=None, help="params.yaml (experiment description, presets, seeds)")
