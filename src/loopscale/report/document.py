@@ -68,11 +68,8 @@ def _precision(r: Run) -> str:
 def _infer_preset(run: Run) -> Optional[str]:
     from ..config import MODEL_PRESETS
     m = run.config.get("model") or {}
-    for name, p in MODEL_PRESETS.items():
-        pm = p.get("model", {})
-        if pm and all(m.get(k) == v for k, v in pm.items()):
-            return name
-    return None
+    return next((name for name, p in MODEL_PRESETS.items()
+                 if p.get("model") and all(m.get(k) == v for k, v in p["model"].items())), None)
 
 
 def what_was_run(runs: list[Run], experiment: str, params: dict) -> str:

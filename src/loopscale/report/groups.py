@@ -60,8 +60,7 @@ def group_runs(runs: Iterable[Run]) -> list[Group]:
     for r in runs:
         key = (r.size, r.condition)
         groups.setdefault(key, Group(r.size, r.condition)).runs.append(r)
-    out = list(groups.values())
-    out.sort(key=lambda g: (g.size.sort_key(), g.cond.sort_key()))
+    out = sorted(groups.values(), key=lambda g: (g.size.sort_key(), g.cond.sort_key()))
     for g in out:
         g.runs.sort(key=Run.seed_key)
     return out

@@ -117,9 +117,7 @@ class Run:
     def diag(self, name: str) -> Optional[dict]:
         """The payload of eval/<name>.json if it exists, parsed and has status ok."""
         d = self.evals.get(name)
-        if not isinstance(d, dict) or d.get("status", "ok") != "ok":
-            return None
-        return d
+        return d if isinstance(d, dict) and d.get("status", "ok") == "ok" else None
 
     def diag_status(self, name: str) -> str:
         d = self.evals.get(name)
