@@ -1,60 +1,6 @@
 """The paper's claims, each with a verdict computed from the runs by a fixed rule.
 
-Each rule is applied to the seed means of the completed runs and to every seed on its own
-(the runs of that seed, conditions matched by seed). The verdict states both:
-
-  reproduced (3/3 seeds)       the rule holds on the seed means and in every seed
-  not reproduced (0/3 seeds)   the rule fails on the seed means and in every seed
-  mixed: 2/3 seeds             the seeds disagree (or the seed means disagree with all seeds)
-  not run at this scale        a condition (or diagnostic) the rule needs has no completed run
-  control uninformative        (g-ctrl) the control's clamp changes its scale too little to compare
-
-Conditions are matched by readout × loss × regularizer × recurrence within one arm (one size
-of the experiment: depth K, width d and data matched). Values are seed means over completed
-runs only; diverged and failed runs never enter them.
-
-Claims are of two kinds, shown in two tables:
-
-  evidence   a rule the model could fail: its verdict tells something about the paper's claim
-  sanity     a rule that holds by construction (an identity of the readout, a quantity the loss
-             itself bounds, a state the architecture fixes); it checks the code, not the claim
-
-Rules (d = model width, √d = norm of an N(0,1) embedding row, the paper's init scale;
-G = (PPL_1 − PPL_K)/PPL_1 the depth gain; "drifting model" = per-loop CE + RMSNorm readout):
-
- (a)       evidence  ‖H_K‖(drifting) ≥ DRIFT_RATIO_MIN × ‖H_K‖(per-loop CE + raw)
- (b)       evidence  every present raw-readout condition (terminal/per-loop CE) has ‖H_K‖ ≤ SMALL_NORM_MAX_PER_SQRT_D·√d
- (b-pen)   sanity    the same bound for the norm-penalty conditions (enforced by the loss)
- (c)       evidence  ‖H_K‖(drifting + inter-loop norm) ≤ SMALL_NORM_MAX_PER_SQRT_D·√d and
-                     ‖H_K‖(drifting, residual) ≥ DRIFT_RATIO_MIN × it (the rule as first registered)
- (c-acc)   sanity    A = ‖H_K‖/‖H_1‖; A(inter-loop norm) ≤ ACCUMULATION_MAX and A(residual) ≥
-                     ACCUMULATION_RATIO_MIN × it (structural: each loop receives a fixed-RMS state)
- (c-depth) evidence  G(inter-loop norm) ≥ max(INTER_LOOP_DEPTH_GAIN_RATIO_MIN × G(drifting), PPL_GAIN_MIN)
- (d)       sanity    radial fraction: max over loops of RMSNorm/LayerNorm readouts ≤ RADIAL_INVISIBLE_MAX, mean over
-                     loops of raw readouts ≥ RADIAL_VISIBLE_MIN (identity of scale-invariant readouts: r(αH) = r(H))
- (e)       evidence  R = (max_k PPL_k − min_k PPL_k)/min_k PPL_k; R(drifting) ≤ K_INVARIANCE_RATIO_MAX × R(raw)
- (e2)      evidence  every present scale-controlled per-loop variant has G ≥ max(DEPTH_GAIN_RATIO_MIN × G(drifting), PPL_GAIN_MIN)
- (f)       evidence  every present scale-controlled variant has PPL_k ≤ (1 − PPL_GAIN_MIN) × PPL_k(drifting) at every k = 2..K
- (g)       evidence  |ΔCE_K| of the drifting model under freeze_loop1 (seed mean) ≤ CLAMP_DCE_MAX nats, a fixed bound
- (g-ctrl)  evidence  S = |ΔCE_K(freeze_loop1)| / |ln(‖H_K‖/‖H_1‖)| (the log-scale change the clamp imposes at the
-                     last loop, from the same runs' exit norms); S(drifting) ≤ CLAMP_SENSITIVITY_RATIO_MAX × S(per-loop
-                     raw); "control uninformative" when the raw model's |ln(‖H_K‖/‖H_1‖)| < CONTROL_LOG_SCALE_MIN
- (g) and (g-ctrl) report remove_radial beside freeze_loop1.
-
-History (the experiments run before the 2026-12 pre-registration: cpu, cpu_confirm, cpu_long, ...):
-(c), (f) and (g) were amended and (e2) added after results; the rules above are those of the
-pre-registration (studies/*/preregistration.md), which restored (c)'s registered rule, moved the
-accumulation rule to (c-acc), split (b), replaced (g)'s threshold by a fixed bound and added
-(c-depth) and (g-ctrl) after a sceptical review. For those experiments claims.md shows beside
-each changed rule the rule as first registered and its verdict (`ClaimSpec.registered`).
-
-Researcher choices: each claim is re-evaluated per seed under the choices a researcher made
-that the rule does not fix (`ClaimSpec.choices`): the clamp for (g)/(g-ctrl); the ‖H_K‖
-statistic for (a)/(b)/(b-pen)/(c) (mean per-token norm | median of the norms diagnostic |
-the training log's last value); the exits for (f) (every k = 2..K | final only); the metric
-of (e)/(e2) (range R | gain G). claims.md counts the choice × seed cells that agree with the
-headline (seed-mean) verdict. The threshold grid (`ClaimSpec.grid`, chosen after results)
-is kept as a secondary column.
+The rules, their kinds, the verdicts and the researcher choices: docs/studies.md, "The claim rules".
 """
 from __future__ import annotations
 
@@ -75,7 +21,7 @@ MIXED = "mixed"
 UNINFORMATIVE = "control uninformative"
 EVIDENCE, SANITY = "evidence", "sanity"
 
-# ---- thresholds (pre-registered; see the module docstring) ----
+# ---- thresholds (pre-registered; see docs/studies.md, "The claim rules") ----
 DRIFT_RATIO_MIN = 10.0  # (a), (c): drift = ‖H_K‖ at least 10× the scale-controlled model's
 SMALL_NORM_MAX_PER_SQRT_D = 10.0  # (b), (b-pen), (c): "small" = ‖H_K‖ ≤ 10·√d (paper: 17–83 at d=512/768, ≤ 3·√d)
 RADIAL_INVISIBLE_MAX = 1e-6  # (d): float noise for scale-invariant readouts (paper ~1e-9)
@@ -200,7 +146,7 @@ CHOICES_COLUMNS = ["arm", "id", "kind", "claim", "choice", "option", "headline",
 
 
 def combine(mean: str, per_seed: dict) -> str:
-    """The verdict from the seed-mean verdict and the per-seed ones (see the module docstring)."""
+    """The verdict from the seed-mean verdict and the per-seed ones (docs/studies.md, "The claim rules")."""
     if mean in (NOT_RUN, UNINFORMATIVE):
         return mean
     ev = [v for v in per_seed.values() if v in (REPRODUCED, NOT_REPRODUCED)]

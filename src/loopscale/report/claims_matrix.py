@@ -1,23 +1,6 @@
 """The claims matrix: every claim × every experiment (and arm), from the experiments' claims.csv.
 
-Rows are the claims (evidence first, then the sanity checks apart); columns are the results
-directories given (one column per arm where an experiment has several). A cell is
-
-  ✓ 3/3            reproduced on the seed means and in every seed (3 of 3)
-  ✗ 0/3            not reproduced on the seed means and in any seed
-  mixed 2/3        the seeds disagree: the rule holds in 2 of 3
-  uninformative    (g-ctrl) the control's clamp barely changes its scale
-  –                not run (the experiment has no such claim, or lacks a condition it needs)
-
-and, where the rule in force was changed after that experiment's results, the verdict of the
-rule as first registered follows when it differs: "✓ 2/2 (registered ✗ 0/2)".
-
-With `--readme COLUMNS` the command also writes claims_matrix_readme.md, a narrower view of the
-same frame for the README's first screen: only the named columns, the others summarised in one
-column ("✓ in 6 (registered ✗ in 5, mixed in 1)"), evidence and sanity checks in two tables. It
-opens with the command that made it and is meant to stand, as written, between the README's
-`<!-- claims-matrix:begin -->` and `<!-- claims-matrix:end -->` markers (`--splice README.md`
-puts it there).
+Its cells and the README view (`--readme`, `--splice`): docs/results.md, "The claims matrix".
 """
 from __future__ import annotations
 
