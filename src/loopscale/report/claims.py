@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from . import paper
 from .groups import Group, stats
-from .markdown import num
+from .markdown import md_table, num
 from .records import RunRecord, records_of_runs
 from ..registry import Condition, condition
 from .runs import finite
@@ -162,25 +162,21 @@ def stats_of(cond: Condition, recs: list[RunRecord]) -> CondStats:
     """The seed means of one condition's runs (completed ones only)."""
     used = [r for r in recs if r.completed]
     r0 = recs[0]
-    K = r0.K
 
     def per_k(attr: str) -> list:
         vals = [getattr(r, attr) for r in used if getattr(r, attr)]
         n_k = max((len(v) for v in vals), default=0)
         return [stats(v[k] for v in vals if k < len(v))[0] for k in range(n_k)]
 
-    acc, logs = [], []
-    for r in used:
-        n = r.exit_norm
-        if len(n) >= 2 and finite(n[0]) and finite(n[-1]) and n[0] > 0 and n[-1] > 0:
-            acc.append(n[-1] / n[0])
-            logs.append(abs(math.log(n[-1] / n[0])))
+    ends = [(r.exit_norm[0], r.exit_norm[-1]) for r in used if len(r.exit_norm) >= 2]
+    acc = [b / a for a, b in ends if finite(a) and finite(b) and a > 0 and b > 0]
+    logs = [abs(math.log(x)) for x in acc]
     dce: dict = {}
     for r in used:
         for mode, v in r.clamp.items():
             dce.setdefault(mode, []).append(abs(v) if finite(v) else v)  # |ΔCE| per seed: no cancellation
     parts = [f"{len(used)} completed"] + [f"seed {r.seed} {r.note}" for r in recs if not r.completed]
-    return CondStats(cond=cond, n=len(used), n_runs=len(recs), d_model=r0.d_model, K=K, runs_text="; ".join(parts),
+    return CondStats(cond=cond, n=len(used), n_runs=len(recs), d_model=r0.d_model, K=r0.K, runs_text="; ".join(parts),
                      norm_K=stats(r.last(r.exit_norm) for r in used)[0],
                      ppl_K=stats(r.last(r.exit_ppl) for r in used)[0],
                      ce_K=stats(r.last(r.exit_ce) for r in used)[0],
@@ -402,11 +398,8 @@ def claim_radial(t: dict, tolerance: float = 1.0) -> ClaimResult:
     vis_conds = sorted((c for c in t if c.raw_readout), key=Condition.sort_key)
     inv, miss_i = _present(t, inv_conds, "radial")
     vis, miss_v = _present(t, vis_conds, "radial")
-    why = []
-    if not inv:
-        why.append("no RMSNorm/LayerNorm-readout condition with radial data" + (f" ({'; '.join(miss_i)})" if miss_i else ""))
-    if not vis:
-        why.append("no raw-readout condition with radial data" + (f" ({'; '.join(miss_v)})" if miss_v else ""))
+    why = [f"no {kind} condition with radial data" + (f" ({'; '.join(miss)})" if miss else "")
+           for kind, got, miss in (("RMSNorm/LayerNorm-readout", inv, miss_i), ("raw-readout", vis, miss_v)) if not got]
     if why:
         return _not_run(cid, claim, p, rule, why)
     inv_max = max(max(v for v in s.radial if finite(v)) for s in inv)
@@ -571,9 +564,8 @@ def claim_freeze(t: dict, max_dce: float = CLAMP_DCE_MAX, mode: str = FREEZE_MOD
         a = _get(t, PER_LOOP_RMS, mode)
     except _Missing as e:
         return _not_run(cid, CLAMP_CLAIM, CLAMP_PAPER, rule, [str(e)])
-    v = abs(a.clamp_dce[mode])
     return ClaimResult(cid, CLAMP_CLAIM, CLAMP_PAPER, _modes_text(a) + f"; bound {max_dce:g} nats",
-                       _verdict(v <= max_dce), rule)
+                       _verdict(abs(a.clamp_dce[mode]) <= max_dce), rule)
 
 
 def claim_clamp_control(t: dict, ratio_max: float = CLAMP_SENSITIVITY_RATIO_MAX, mode: str = FREEZE_MODE) -> ClaimResult:
@@ -676,7 +668,6 @@ CLAIM_SPECS = (
               amendment="added after results (2026-12 review), because (g) alone has no control: the raw model's CE "
                         "moved as much under freeze_loop1 in cpu_long"),
 )
-CLAIMS = tuple(spec.fn for spec in CLAIM_SPECS)  # the rules in force
 # claim families: the claims an experiment's claims.md evaluates (params.yaml `claims:`)
 FACTORIAL_IDS = ("a", "e", "e2", "f", "g", "g-ctrl")
 
@@ -758,10 +749,8 @@ def evaluate_records(records: list[RunRecord], specs=CLAIM_SPECS, preregistered:
         registered = iter(judged(registered)) if not preregistered else iter(())
         for spec, r in zip(specs, results):
             r.robustness = robustness(spec, table)
-            for ch in spec.choices:
-                for value, label in ch.options:
-                    for s in seeds:
-                        r.choice_cells.append((ch.name, label, s, spec.fn(seed_tables[s], **{ch.knob: value}).verdict))
+            r.choice_cells += [(ch.name, label, s, spec.fn(seed_tables[s], **{ch.knob: value}).verdict)
+                               for ch in spec.choices for value, label in ch.options for s in seeds]
             if preregistered:
                 r.amendment = f"pre-registered ({preregistered})"
             else:
@@ -788,7 +777,6 @@ def _registered_text(r: ClaimResult) -> str:
 
 
 def claims_markdown(results: list[ClaimResult]) -> str:
-    from .markdown import md_table
     multi = len({r.arm for r in results}) > 1
     out = []
     for kind, title, intro in (
@@ -814,7 +802,6 @@ def claims_markdown(results: list[ClaimResult]) -> str:
 def choices_markdown(results: list[ClaimResult]) -> str:
     """Per claim and researcher choice: each option's per-seed verdicts, and how many cells agree
     with the headline (seed-mean) verdict."""
-    from .markdown import md_table
     multi = len({r.arm for r in results}) > 1
     rows = []
     for r in results:

@@ -21,7 +21,7 @@ class MatrixError(ValueError):
 
 def cell(verdict) -> str:
     """The matrix cell of a claims.csv verdict string."""
-    v = str(verdict) if isinstance(verdict, str) else ""
+    v = verdict if isinstance(verdict, str) else ""
     if not v or v.startswith("not run"):
         return NOT_RUN_CELL
     if v.startswith("control uninformative"):
@@ -58,9 +58,8 @@ def _read(results_dir: Path) -> pd.DataFrame:
         df["kind"] = [kinds.get(i, "evidence") for i in df["id"]]
     if "arm" not in df.columns:
         df["arm"] = df["size"] if "size" in df.columns else ""
-    for c in ("registered_verdict",):
-        if c not in df.columns:
-            df[c] = ""
+    if "registered_verdict" not in df.columns:
+        df["registered_verdict"] = ""
     return df
 
 
@@ -144,10 +143,6 @@ def select_columns(m: pd.DataFrame, spec: str) -> list[str]:
     return [by_key[w] for w in wanted]
 
 
-def _mark(c: str) -> str:
-    return c.split(" ")[0]
-
-
 def summarise(cells: list[str]) -> str:
     """One cell for several columns: how many hold each verdict, and the registered verdicts
     where they differ ("✓ in 6 (registered ✗ in 5, mixed in 1)"); – where none ran."""
@@ -157,7 +152,7 @@ def summarise(cells: list[str]) -> str:
 
     def counts(marks: list[str]) -> str:
         return ", ".join(f"{k} in {n}" for k, n in pd.Series(marks).value_counts(sort=False).items())
-    text = counts([_mark(c) for c in ran])
+    text = counts([c.split(" ")[0] for c in ran])  # the marks: ✓, ✗, mixed, uninformative
     reg = [re.search(r"\(registered (\S+)", c) for c in ran]
     reg = [r.group(1) for r in reg if r]
     return text + (f" (registered {counts(reg)})" if reg else "")

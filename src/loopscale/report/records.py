@@ -155,8 +155,7 @@ def records_from_results(results_dir) -> list[RunRecord]:
         K = int(r0["n_loops"])
         if len(g) != K or list(g["k"].astype(int)) != list(range(1, K + 1)):
             raise RecordsError(f"{f}: run {path} has exits {list(g['k'])}, expected k = 1..{K}")
-        reg = str(r0["regularizer"])
-        cond = Condition.of(str(r0["readout"]), str(r0["loss"]), reg, str(r0["recurrence"]),
+        cond = Condition.of(str(r0["readout"]), str(r0["loss"]), str(r0["regularizer"]), str(r0["recurrence"]),
                             float(r0["penalty_weight"]) if finite(r0["penalty_weight"]) else 0.0)
         seed = int(r0["seed"]) if finite(r0["seed"]) else None
         completed = str(r0["status"]) == "completed"
