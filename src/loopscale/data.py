@@ -11,6 +11,7 @@ import dataclasses
 import functools
 import hashlib
 import importlib.util
+import itertools
 import json
 import logging
 import math
@@ -160,19 +161,14 @@ def _load_builtin(cfg: DataConfig) -> dict[str, list[str]]:
     return corpus
 
 
-def fineweb_stream(cfg: DataConfig):
-    """The StreamConfig of a data.source=fineweb corpus, in file order (no shuffle)."""
-    from . import fineweb as FW
-    return FW.StreamConfig.from_dict(FW.stream_settings(dataclasses.asdict(cfg), {"shuffle_buffer": 0}))
-
-
 def _load_fineweb_heldout(cfg: DataConfig) -> dict[str, list[str]]:
     """The held-out documents of a FineWeb stream: of its first data.heldout_documents documents
     (file order; the streaming trainer leaves every one of them out), those the official filter
     keeps, the first half validation, the rest test. No train split: training streams."""
     from . import fineweb as FW
     try:
-        texts = FW.head_documents(fineweb_stream(cfg), cfg.heldout_documents)
+        stream = FW.stream_settings(dataclasses.asdict(cfg), {"shuffle_buffer": 0})  # file order: no shuffle
+        texts = FW.head_documents(FW.StreamConfig.from_dict(stream), cfg.heldout_documents)
     except FileNotFoundError as e:
         raise DataError(str(e)) from None
     except Exception as e:  # the hub unreachable, a parquet in another schema ...
@@ -393,10 +389,9 @@ def _code_point_class(test: "re.Pattern[str]", exclude: "Optional[re.Pattern[str
 
 
 @functools.cache
-def _paper_classes() -> dict[str, str]:
+def _paper_classes() -> tuple[str, str]:
     """Python's ``\\s`` and the characters ``re.findall(WORD_PATTERN)`` skips, built once."""
-    return {"space": _code_point_class(re.compile(r"\s")),
-            "skipped": _code_point_class(re.compile(r"\w"), re.compile(r"[A-Za-z0-9_]"))}
+    return _code_point_class(re.compile(r"\s")), _code_point_class(re.compile(r"\w"), re.compile(r"[A-Za-z0-9_]"))
 
 
 def paper_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
@@ -406,8 +401,7 @@ def paper_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
     there), then each remaining stretch is cut into whitespace runs (Python ``\\s``), ASCII
     word runs and single other characters. Unlike `word_pre_tokenizer`, nothing the
     official tokenizer drops survives as a piece."""
-    c = _paper_classes()
-    space, skipped = c["space"], c["skipped"]
+    space, skipped = _paper_classes()
     pieces = Regex(f"[{space}]+|[A-Za-z0-9_]+|[^{space}A-Za-z0-9_]")
     return pre_tokenizers.Sequence([
         pre_tokenizers.Split(Regex(f"[{skipped}]+"), behavior="removed", invert=False),
@@ -518,9 +512,7 @@ def paper_vocabulary(rows: Iterable[str], vocab_size: int, min_frequency: int) -
     (-count, string) after the specials (ids 0..3) and cut at `vocab_size` entries in all."""
     from collections import Counter
     findall = re.compile(WORD_PATTERN).findall
-    counts: Counter = Counter()
-    for row in rows:
-        counts.update(findall(row))
+    counts = Counter(piece for row in rows for piece in findall(row))
     items = sorted(((t, c) for t, c in counts.items() if c >= min_frequency and t not in SPECIAL_TOKENS),
                    key=lambda tc: (-tc[1], tc[0]))
     return list(SPECIAL_TOKENS) + [t for t, _ in items[:max(0, vocab_size - len(SPECIAL_TOKENS))]]
@@ -559,10 +551,7 @@ def _encode_pieces(tok: Tokenizer, text: str, progress: Optional[Callable[[int],
                    chunk_chars: int = _CHUNK_CHARS) -> Iterator[np.ndarray]:
     """Yield uint16 id arrays for consecutive pieces of `text`, batch by batch."""
     chunks = _chunks(text, chunk_chars)
-    while True:
-        batch = [c for _, c in zip(range(_ENCODE_BATCH_CHUNKS), chunks)]
-        if not batch:
-            return
+    for batch in iter(lambda: list(itertools.islice(chunks, _ENCODE_BATCH_CHUNKS)), []):
         for piece, enc in zip(batch, tok.encode_batch(batch, add_special_tokens=False)):
             yield np.asarray(enc.ids, dtype=TOKEN_DTYPE)
             if progress:
@@ -619,9 +608,7 @@ def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True,
     tok_json = tok.to_str(pretty=True).encode("utf-8")
     unk_id = unk_token_id(tok)
     split_hash = {s: hashlib.sha256(texts[s].encode("utf-8")).hexdigest() for s in SPLITS}
-    source_hash = hashlib.sha256()
-    for s in SPLITS:
-        source_hash.update(f"{s}\0{split_hash[s]}\0".encode())
+    source_hash = hashlib.sha256("".join(f"{s}\0{split_hash[s]}\0" for s in SPLITS).encode())
 
     # Nothing of a prepared directory is touched until the corpus has loaded, the tokenizer
     # is fitted and every split is encoded (into hidden files beside the final names) and
@@ -631,7 +618,7 @@ def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True,
     out.mkdir(parents=True, exist_ok=True)
     staged = {s: out / f".{s}.bin.staged" for s in SPLITS}
     try:
-        written = {s: _write_split(tok, texts[s], out, s, show_progress, unk_id, path=staged[s]) for s in SPLITS}
+        written = {s: _write_split(tok, texts[s], staged[s], s, show_progress, unk_id) for s in SPLITS}
         counts = {s: n for s, (n, _, _) in written.items()}
         if seq_len is not None:
             check_windows(counts, seq_len, f"data.source={cfg.source}",
@@ -681,10 +668,10 @@ def prepare_data(cfg: DataConfig, out_dir: PathLike, show_progress: bool = True,
     return meta
 
 
-def _write_split(tok: Tokenizer, text: str, out: Path, split: str, show_progress: bool,
-                 unk_id: Optional[int] = UNK_ID, path: Optional[Path] = None) -> tuple[int, str, int]:
-    """Encode one split's text into `<split>.bin` (or `path`; atomically); return its token
-    count, the file's sha256 and its count of unknown-token ids (`unk_token_id`; 0 without one)."""
+def _write_split(tok: Tokenizer, text: str, path: Path, split: str, show_progress: bool,
+                 unk_id: Optional[int]) -> tuple[int, str, int]:
+    """Encode one split's text into `path` (atomically); return its token count, the file's
+    sha256 and its count of unknown-token ids (`unk_token_id`; 0 without one)."""
     from tqdm.auto import tqdm
 
     log.info("encoding %s: %s characters", split, f"{len(text):,}")
@@ -700,7 +687,7 @@ def _write_split(tok: Tokenizer, text: str, out: Path, split: str, show_progress
                 digest.update(chunk)
                 n_tokens += int(ids.size)
                 n_unk += int(np.count_nonzero(ids == unk_id)) if unk_id is not None else 0
-    atomic_write(path or out / f"{split}.bin", write)
+    atomic_write(path, write)
     return n_tokens, digest.hexdigest(), n_unk
 
 
