@@ -1,13 +1,8 @@
 """Appendix B's corpus: FineWeb streamed through `datasets`, cut into training chunks.
 
-The official trainer of the Ouro track streams `HuggingFaceFW/fineweb` (`sample-10BT`),
-shuffles it with a 10,000-document buffer, skips every document whose text, stripped of
-leading and trailing whitespace, has fewer than 50 characters, tokenises the rest with the
-Ouro tokenizer (no special tokens) and concatenates them into one token stream cut into
-chunks of seq+1 tokens that overlap by one (chunk i = tokens [i·seq, (i+1)·seq]). Under data
-parallelism each rank reads its own shard of the stream (`IterableDataset.shard`), or every
-world-th chunk where the stream cannot be sharded. `ChunkStream` does the same, and can skip
-exactly the chunks a rank already consumed (step-exact resume).
+Filtered, shuffled, chunked and sharded as the official trainer of the Ouro track does it
+(docs/ouro.md "Training"); `ChunkStream` can also skip exactly the chunks a rank already
+consumed (step-exact resume).
 
 The trainer that consumes it is `loopscale.train_stream` (`loopscale train-stream`); this
 module is data only, so `loopscale.data` can read the held-out head of the stream without
@@ -86,9 +81,9 @@ def load_tokenizer(spec: str):
     if p.is_file():
         try:
             return Tokenizer.from_str(p.read_bytes().decode("utf-8"))
+        except OSError:
+            raise
         except Exception as e:  # not UTF-8, not JSON, not a tokenizers schema (plain Exceptions)
-            if isinstance(e, OSError):
-                raise
             first = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
             raise ConfigError(f"tokenizer {p} is not a tokenizers JSON file ({first})") from None
     try:
