@@ -478,20 +478,18 @@ def fit_tokenizer(cfg: DataConfig, corpus: dict[str, list[str]], show_progress: 
     _check_vocab_setting(cfg)
     if cfg.tokenization == "paper":
         return _fit_paper_tokenizer(cfg, corpus)
-    specials = list(SPECIAL_TOKENS)
+    settings = dict(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
+                    special_tokens=list(SPECIAL_TOKENS), show_progress=show_progress)
     if cfg.tokenizer == "word":
         tok = Tokenizer(models.WordLevel(unk_token="<unk>"))
         tok.pre_tokenizer = word_pre_tokenizer()
         tok.decoder = decoders.Fuse()
-        trainer = trainers.WordLevelTrainer(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
-                                            special_tokens=specials, show_progress=show_progress)
+        trainer = trainers.WordLevelTrainer(**settings)
     else:
         tok = Tokenizer(models.BPE())
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         tok.decoder = decoders.ByteLevel()
-        trainer = trainers.BpeTrainer(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
-                                      special_tokens=specials, show_progress=show_progress,
-                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        trainer = trainers.BpeTrainer(**settings, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
     fit_splits = ("train", "validation") if cfg.fit_on == "train+validation" else ("train",)
     texts = [join_documents(corpus.get(s, [])) for s in fit_splits]
     if not any(texts):
