@@ -107,9 +107,7 @@ def bounded(name: str, lo: float = 0, lo_open: bool = True) -> Range:
 def check_arg(flag: str, value, allowed: Range, integer: bool = True) -> None:
     """A command-line number against its Range (one ConfigError line naming the flag)."""
     ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value in allowed
-    if integer and ok:
-        ok = float(value).is_integer()
-    if not ok:
+    if not (ok and (not integer or float(value).is_integer())):
         kind = "an integer" if integer else "a finite number"
         raise ConfigError(f"{flag} must be {kind} {allowed}, got {value!r}")
 
@@ -402,7 +400,7 @@ def merge(base: dict, update: dict, where: str = "") -> dict:
     """Deep-merge `update` into a copy of `base`; keys of `update` must exist in `base`."""
     out = copy.deepcopy(base)
     for k, v in update.items():
-        key = f"{where}.{k}" if where else k
+        key = _join(where, k)
         if k not in out:
             raise ConfigError(f"unknown key {key!r}{did_you_mean(k, out, where)}")
         if isinstance(out[k], dict) and isinstance(v, dict):
@@ -707,9 +705,8 @@ def fineweb_defaults() -> dict:
 
 def _check_fineweb(d: DataConfig) -> None:
     if d.source != "fineweb":
-        defaults = fineweb_defaults()
-        for k in FINEWEB_KEYS:
-            if getattr(d, k) != defaults[k]:
+        for k, default in fineweb_defaults().items():
+            if getattr(d, k) != default:
                 raise ConfigError(f"data.{k} ({getattr(d, k)!r}) needs data.source=fineweb")
         return
     if not (isinstance(d.pretrained_tokenizer, str) and d.pretrained_tokenizer.strip()):

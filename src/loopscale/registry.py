@@ -265,14 +265,12 @@ class Condition:
     @property
     def scale_invariant_readout(self) -> bool:
         """Every exit of the readout is scale-invariant (r(αH) = r(H))."""
-        r = self.readout_spec
-        return r is not None and r.scale_invariant
+        return getattr(self.readout_spec, "scale_invariant", False)
 
     @property
     def raw_readout(self) -> bool:
         """No exit of the readout is normalised."""
-        r = self.readout_spec
-        return r is not None and r.raw
+        return getattr(self.readout_spec, "raw", False)
 
     @property
     def label(self) -> str:
