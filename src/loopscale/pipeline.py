@@ -21,8 +21,8 @@ from typing import Any, Iterable, Optional
 import yaml
 
 from . import registry
-from .config import (EVAL_PRESETS, LIMITS, MODEL_PRESETS, ConfigError, EvalConfig, RunConfig, did_you_mean, merge,
-                     read_yaml, setting_error)
+from .config import (EVAL_PRESETS, LIMITS, MODEL_PRESETS, ConfigError, EvalConfig, RunConfig, did_you_mean,
+                     fineweb_defaults, merge, read_yaml, setting_error)
 from .io import atomic_write_text
 from .registry import AXES, AXIS_DEFAULTS, Condition, axis_values
 
@@ -327,16 +327,12 @@ def expand_conditions(spec: Any, sets: dict, where: str, _stack: tuple = ()) -> 
 
 def _dedupe(conds: list[ConditionSpec]) -> list[ConditionSpec]:
     seen: dict[str, ConditionSpec] = {}
-    out = []
     for c in conds:
-        prev = seen.get(c.id)
-        if prev is None:
-            seen[c.id] = c
-            out.append(c)
-        elif prev.overrides != c.overrides:
+        prev = seen.setdefault(c.id, c)
+        if prev.overrides != c.overrides:
             raise ParamsError(f"{c.where}: condition {c.id} is also defined at {prev.where} "
                               f"with different overrides")
-    return out
+    return list(seen.values())
 
 
 # ---------------------------------------------------------------------------
@@ -484,8 +480,8 @@ def _downstream(spec: Optional[dict], where: str) -> Optional[dict]:
         return None
     d = {**DOWNSTREAM_DEFAULTS, **spec}
     for t in d["tasks"]:
-        if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", t):
-            raise ParamsError(f"{where}.tasks: task name {t!r} must match [A-Za-z0-9][A-Za-z0-9_.-]*")
+        if not re.fullmatch(NAME_RE, t):
+            raise ParamsError(f"{where}.tasks: task name {t!r} must match {NAME_RE}")
     if d["include_path"] is not None and not str(d["include_path"]).strip():
         raise ParamsError(f"{where}.include_path: must be a folder of lm-eval task YAML files")
     return d
@@ -603,11 +599,15 @@ def write_if_changed(path: str | os.PathLike, text: str) -> bool:
 _HEADER = "# Written by the pipeline from params.yaml ({what}); do not edit: edit params.yaml.\n"
 
 
+def _run_header(run: PlannedRun, what: str) -> str:
+    """The header of one of a run's settings files, `what` saying which."""
+    return _HEADER.format(what=f"experiment {run.experiment}, run {run.size}/{run.condition.id}/seed{run.seed}: {what}")
+
+
 def config_texts(run: PlannedRun) -> tuple[str, str]:
     """(config.yaml, eval.yaml) texts of a run: its training config and its evaluation settings."""
-    what = f"experiment {run.experiment}, run {run.size}/{run.condition.id}/seed{run.seed}"
-    train = _HEADER.format(what=f"{what}: training config, input of `loopscale train --config`")
-    ev = _HEADER.format(what=f"{what}: evaluation settings, input of `loopscale eval --eval-config`")
+    train = _run_header(run, "training config, input of `loopscale train --config`")
+    ev = _run_header(run, "evaluation settings, input of `loopscale eval --eval-config`")
     # train.threads changes how fast a job runs, not what it computes: the train rule passes
     # the job's threads on the command line, so a changed thread count reruns nothing
     cfg = run.config.to_dict()
@@ -619,9 +619,8 @@ def config_texts(run: PlannedRun) -> tuple[str, str]:
 def compact_data(data: dict) -> dict:
     """Data settings without the data.source=fineweb keys that hold their defaults: the files
     of every other experiment stay as they were before those keys existed (nothing reruns)."""
-    from .config import FINEWEB_KEYS, fineweb_defaults
     defaults = fineweb_defaults()
-    return {k: v for k, v in data.items() if not (k in FINEWEB_KEYS and v == defaults[k])}
+    return {k: v for k, v in data.items() if not (k in defaults and v == defaults[k])}
 
 
 def settings_files(exp: Experiment) -> dict[str, str]:
@@ -633,10 +632,8 @@ def settings_files(exp: Experiment) -> dict[str, str]:
     for run in exp.runs:
         files[f"{run.dir}/config.yaml"], files[f"{run.dir}/eval.yaml"] = config_texts(run)
         if run.stream is not None:
-            what = f"experiment {exp.name}, run {run.size}/{run.condition.id}/seed{run.seed}"
-            files[f"{run.dir}/stream.yaml"] = _HEADER.format(
-                what=f"{what}: stream settings, input of `loopscale train-stream --stream-config`"
-            ) + _dump({"stream": run.stream})
+            header = _run_header(run, "stream settings, input of `loopscale train-stream --stream-config`")
+            files[f"{run.dir}/stream.yaml"] = header + _dump({"stream": run.stream})
     return files
 
 
@@ -679,7 +676,7 @@ def placeholder_account(default_resources) -> Optional[str]:
     `default-resources`: a mapping of name -> value or Snakemake's Resources) still give
     `slurm_account` as the profile's placeholder; None otherwise."""
     try:
-        value = default_resources.get("slurm_account") if default_resources is not None else None
+        value = default_resources.get("slurm_account")
     except (AttributeError, TypeError):
         return None
     if value is not None and not isinstance(value, str):  # a snakemake Resource: its text as given
