@@ -272,10 +272,10 @@ def convert_state(state: dict, cfg: RunConfig | dict) -> tuple[dict, list[str]]:
             used.add(n)
         ts = [_check_tensor(n, state[n], want) for n in parts]
         t = torch.cat(ts, 0) if len(ts) > 1 and all(x.dim() == 2 for x in ts) else ts[0]
-        if len(ts) > 1 and tuple(t.shape) != tuple(want.shape):
-            raise ConversionError(f"model_state's {' + '.join(parts)} have shapes {[tuple(x.shape) for x in ts]}, "
-                                  f"the config implies {tuple(want.shape)} together")
         if tuple(t.shape) != tuple(want.shape):
+            if len(ts) > 1:
+                raise ConversionError(f"model_state's {' + '.join(parts)} have shapes {[tuple(x.shape) for x in ts]}, "
+                                      f"the config implies {tuple(want.shape)} together")
             raise ConversionError(f"model_state's {parts[0]} has shape {tuple(t.shape)}, the config implies "
                                   f"{tuple(want.shape)}")
         out[ours] = t.to(want.dtype).clone()
@@ -297,16 +297,11 @@ def convert_state(state: dict, cfg: RunConfig | dict) -> tuple[dict, list[str]]:
     unused = [m for m, off in (("decode_norm", mc.readout == "raw"), ("loop_norm", mc.recurrence != "inter_loop_norm"),
                                ("exit_gate", not mc.exit_gate), ("raw_alpha", mc.recurrence != "spectral_damping"))
               if off]
-    dropped = []
     for name, t in state.items():
-        if name in used:
-            continue
-        if name.split(".")[0] in unused:
-            dropped.append(name)
-        else:
+        if name not in used and name.split(".")[0] not in unused:
             shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
             raise ConversionError(f"model_state has an unexpected entry {name} ({shape}): not the official layout")
-    return out, sorted(dropped)
+    return out, sorted(name for name in state if name not in used)
 
 
 # ---------------------------------------------------------------------------
@@ -346,19 +341,15 @@ def official_tokenizer(obj: Any) -> Tokenizer:
         except re.error as e:
             raise ConversionError(f"the checkpoint's tokenizer: pattern is not a valid regular expression ({e})") \
                 from None
-        return _paper_tokenizer(itos, pattern)
+        from .data import DataError, paper_tokenizer
+        try:
+            return paper_tokenizer(itos, pattern)
+        except DataError as e:
+            raise ConversionError(f"the checkpoint's tokenizer cannot be rebuilt: {e}") from None
     if isinstance(obj, dict) and "model" in obj:
         return _tokenizer_from_json(json.dumps(obj), "the checkpoint's tokenizer")
     raise ConversionError(f"the checkpoint's tokenizer ({type(obj).__name__}) is not understood (expected "
                           f"{{kind: 'regex', itos, pattern}}); give --tokenizer FILE")
-
-
-def _paper_tokenizer(itos: list, pattern: str) -> Tokenizer:
-    from .data import DataError, paper_tokenizer
-    try:
-        return paper_tokenizer(itos, pattern)
-    except DataError as e:
-        raise ConversionError(f"the checkpoint's tokenizer cannot be rebuilt: {e}") from None
 
 
 def _tokenizer_from_json(text: str, what: str) -> Tokenizer:
@@ -430,7 +421,7 @@ def _load_paper_checkpoint(path: Path, trust_pickle: bool) -> dict:
     bad = next((k for k in state if not isinstance(k, str)), None)
     if bad is not None:
         raise ConversionError(f"checkpoint {path}: model_state has a non-string key {bad!r}")
-    ckpt["model_state"] = {_PREFIX.sub("", k): v for k, v in state.items()}
+    ckpt["model_state"] = _strip(state)
     return ckpt
 
 
@@ -462,7 +453,6 @@ def convert_paper(checkpoint: str | Path, out_dir: str | Path, tokenizer_file: O
     Everything is read and checked before the run directory is touched."""
     src = Path(checkpoint)
     model, cfg, ckpt, dropped = load_official(src, overrides, trust_pickle)
-    model_set, objective_set = cfg.model.__dict__, cfg.objective.__dict__
 
     if tokenizer_file is not None:
         tok = read_tokenizer_file(tokenizer_file)
@@ -479,7 +469,8 @@ def convert_paper(checkpoint: str | Path, out_dir: str | Path, tokenizer_file: O
     except (RecursionError, ValueError) as e:
         raise ConversionError(f"the checkpoint's config cannot be recorded ({type(e).__name__})") from None
     record = {"checkpoint": str(src.resolve()), "sha256": _file_sha256(src), "official_config": official_config,
-              "settings": {"model": dict(model_set), "objective": dict(objective_set)}, "dropped": dropped}
+              "settings": {"model": dict(cfg.model.__dict__), "objective": dict(cfg.objective.__dict__)},
+              "dropped": dropped}
     with write_run(out_dir, "loopscale convert-paper", force) as out:  # locked; --force swaps in a whole run
         atomic_torch_save(out / "model.pt", {"model": model.state_dict(), "config": cfg.to_dict(),
                                              "step": step if isinstance(step, int) and not isinstance(step, bool)
