@@ -25,7 +25,7 @@ from .exits import POLICIES
 from .generate import Decoder, Halt
 from .io import CheckpointError
 from .model import LoopedLM
-from .runfiles import check_run_dir, read_json
+from .runfiles import check_regular, check_run_dir, read_json
 
 
 class LoopscaleConfig(PreTrainedConfig):
@@ -56,7 +56,6 @@ class LoopscaleConfig(PreTrainedConfig):
         would skip a FIFO or a directory there and hand back a default config)."""
         path = Path(str(pretrained_model_name_or_path))
         if path.is_dir():
-            from .runfiles import check_regular
             check_regular(path / "config.json", "Hugging Face config")
             if not (path / "config.json").is_file():
                 raise FileNotFoundError(f"{path / 'config.json'} not found: {path} is not a Hugging Face model directory")
@@ -66,7 +65,6 @@ class LoopscaleConfig(PreTrainedConfig):
     def _dict_from_json_file(cls, json_file):
         """config.json read as loopscale reads a run's JSON files (runfiles.read_json): a
         regular file, bounded in size and nesting; each refusal one line."""
-        from .runfiles import read_json
         config = read_json(Path(json_file), "Hugging Face config")
         if not isinstance(config, dict):
             raise CheckpointError(f"{json_file} is not a JSON object: not a Hugging Face config")
@@ -115,9 +113,7 @@ class LoopscaleCache:
     @property
     def loops(self) -> list[list[int]]:
         """Per row: the loops each generated token came from (k, or the halting exit j < k)."""
-        if self.rows is not None:
-            return [list(r.loops) for r in self.rows]
-        return []
+        return [list(r.loops) for r in self.rows] if self.rows is not None else []
 
 
 class LoopscaleForCausalLM(PreTrainedModel, GenerationMixin):
@@ -151,7 +147,7 @@ class LoopscaleForCausalLM(PreTrainedModel, GenerationMixin):
         lm, tok, cfg = load(run)
         expected = _expected_hf_config(run, cfg, tok)
         overrides = {k: kwargs.pop(k) for k in list(kwargs)
-                     if k in LoopscaleConfig.attribute_map or k in expected or k in ("n_loops",)}
+                     if k in LoopscaleConfig.attribute_map or k in expected or k == "n_loops"}
         if config is not None and not isinstance(config, LoopscaleConfig):
             raise ValueError(f"config must be a LoopscaleConfig, got {type(config).__name__}")
         given = dict(config.to_dict()) if config is not None else {}
@@ -427,7 +423,7 @@ def _scatter(rows: list, T: int, states: Optional[list] = None):
     """Per-row results [(attended positions, (logits, hidden, exits) over them or None)] placed
     at their positions of a [B, T] batch; a masked position carries the outputs of the last
     attended position before it (`states[i].last`: from an earlier call), zeros before any."""
-    ref = next(r for _, r in rows if r is not None) if any(r is not None for _, r in rows) else None
+    ref = next((r for _, r in rows if r is not None), None)
     if ref is None and states is not None:
         ref = next((s.last for s in states if s.last is not None), None)
     if ref is None:
@@ -473,11 +469,10 @@ def _expected_hf_config(run: Path, cfg, tok) -> dict:
     if rec_path.name != RECORD or not path.exists():  # an older layout: config.json is the record
         return {k: v for k, v in hf_config(record, "", None, role_token_ids(tok)).items() if k != "loopscale"}
     raw = read_json(path, "Hugging Face config")
-    ls = raw.get("loopscale") if isinstance(raw, dict) else None
-    ls = ls if isinstance(ls, dict) else {}
-    want = hf_config(record, ls.get("weights_sha256"), ls.get("tokenizer_sha256"), role_token_ids(tok))
     if not isinstance(raw, dict):
         raise CheckpointError(f"{path} is not a JSON object: not the run's Hugging Face config")
+    ls = raw.get("loopscale") if isinstance(raw.get("loopscale"), dict) else {}
+    want = hf_config(record, ls.get("weights_sha256"), ls.get("tokenizer_sha256"), role_token_ids(tok))
     for key in sorted(set(raw) | set(want)):
         if key == "loopscale":
             have = raw.get(key)
