@@ -292,10 +292,10 @@ def check_header(header: dict, m: ModelConfig, path: Path, cfg_path: Path) -> No
             raise CheckpointError(f"{path}: {key} has shape {list(shapes[key])} but {cfg_path}'s model needs "
                                   f"{list(want[key])}")
         dtype, model_dtype = header[key]["dtype"], tensors[key][1]
-        if model_dtype.is_floating_point != (dtype in FLOAT_DTYPES) or \
-                (not model_dtype.is_floating_point and INT_DTYPES.get(dtype) != model_dtype):
-            if model_dtype.is_floating_point:
+        if model_dtype.is_floating_point:
+            if dtype not in FLOAT_DTYPES:
                 raise CheckpointError(f"{path}: {key} is {dtype}, not a float tensor (loopscale weights are float)")
+        elif INT_DTYPES.get(dtype) != model_dtype:  # (a float dtype is no key of INT_DTYPES)
             raise CheckpointError(f"{path}: {key} is {dtype}, but the model holds it as {model_dtype}")
 
 
@@ -387,7 +387,7 @@ def load(path: str | Path, device: str | torch.device = "cpu", *, tokenizer: boo
     if rec_path.name == RECORD and hf_path.exists():
         hf = read_json(hf_path, "Hugging Face config")
         hashes.append(check_hf_config(hf, m, fp, hf_path, rec_path))
-        tok_hashes.append((((hf.get("loopscale") or {}).get("tokenizer_sha256")), hf_path))
+        tok_hashes.append(((hf.get("loopscale") or {}).get("tokenizer_sha256"), hf_path))
     header = read_safetensors_header(weights)
     meta = header.get("__metadata__", {})
     if meta.get("config_fingerprint") and meta["config_fingerprint"] != fp:
