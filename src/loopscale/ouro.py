@@ -165,8 +165,7 @@ def read_hf_state(path: str | Path) -> dict[str, torch.Tensor]:
     for f in sorted({f for f, _ in headers.values()}):
         try:
             with safe_open(str(f), framework="pt") as h:
-                for k in h.keys():
-                    state[k] = h.get_tensor(k)
+                state.update({k: h.get_tensor(k) for k in h.keys()})
         except Exception as e:
             raise CheckpointError(f"{f} is truncated or corrupted ({type(e).__name__})") from None
     return state
@@ -183,9 +182,8 @@ def load_state(model: LoopedLM, state: dict[str, torch.Tensor], where: str, tied
     if tied and "lm_head.weight" not in state and "model.embed_tokens.weight" in state:
         state["lm_head.weight"] = state["model.embed_tokens.weight"]
     own = model.state_dict()
-    for k in own:  # the official AlphaReadout keeps no EMA counter (loopscale's, unused with a learned s_ref)
-        if k.endswith(".ema_count") and k not in state:
-            state[k] = own[k]
+    # the official AlphaReadout keeps no EMA counter (loopscale's, unused with a learned s_ref)
+    state.update({k: v for k, v in own.items() if k.endswith(".ema_count") and k not in state})
     _check_names(own, state, where, model.cfg.readout)
     for k, v in state.items():
         check_tensor(k, tuple(v.shape), v.dtype, own[k], where)

@@ -11,6 +11,7 @@ commands' argument handling is loopscale.cli.models.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Optional
@@ -30,8 +31,6 @@ def import_hf(path: str | Path, out_dir: str | Path, seq_len: int = 2048, force:
     """A Hugging Face Ouro checkpoint as a loopscale run directory (model.pt, the files of
     `artifacts.write_run_files`, summary.json) that every diagnostic reads like a trained run.
     Written under the run lock (`io.write_run`): an existing run is refused unless `force`."""
-    import hashlib
-
     from .artifacts import write_run_files
     from .io import CheckpointError, atomic_torch_save, atomic_write_json, run_environment, weights_sha256, write_run
     if not is_hf_checkpoint(path):
@@ -63,7 +62,6 @@ def model_tokenizer_sha256(path: str | Path) -> Optional[str]:
     (`data.prepare_data`: the tokenizer's `to_str(pretty=True)`), or None where the model
     records none: a Hugging Face directory's tokenizer.json, else a run's loopscale.json (or
     older config.json), else its model.pt's data record."""
-    import hashlib
     p = Path(path)
     run = p if p.is_dir() else p.parent
     if p.is_dir() and is_hf_checkpoint(p):
@@ -179,10 +177,8 @@ def per_token_accuracy(samples: list[dict], encode_pair) -> Optional[float]:
         gold = _gold(s)
         if gold is None:
             return None
-        scores = []
-        for args, resp in zip(s["arguments"], s["resps"]):
-            n = max(1, len(encode_pair(args[0], args[1])[1]))
-            scores.append(float(resp[0][0]) / n)
+        scores = [float(resp[0][0]) / max(1, len(encode_pair(args[0], args[1])[1]))
+                  for args, resp in zip(s["arguments"], s["resps"])]
         hits.append(float(max(range(len(scores)), key=scores.__getitem__) == gold))
     return sum(hits) / len(hits) if hits else None
 
