@@ -310,11 +310,9 @@ class LoopscaleForCausalLM(PreTrainedModel, GenerationMixin):
     def _uncached(self, ids: torch.Tensor, mask: Optional[torch.Tensor], n: int, want_hidden: bool):
         if mask is None:
             return self._full(ids, n, want_hidden)
-        rows = []
-        for i in range(ids.shape[0]):  # each row on its attended ids alone
-            keep = mask[i].nonzero().squeeze(1)
-            rows.append((keep, self._full(ids[i:i + 1, keep], n, want_hidden) if keep.numel() else None))
-        return _scatter(rows, ids.shape[1])
+        keeps = [mask[i].nonzero().squeeze(1) for i in range(ids.shape[0])]  # each row on its attended ids alone
+        return _scatter([(keep, self._full(ids[i:i + 1, keep], n, want_hidden) if keep.numel() else None)
+                         for i, keep in enumerate(keeps)], ids.shape[1])
 
     def _cached(self, cache: LoopscaleCache, ids: torch.Tensor, mask: Optional[torch.Tensor], n: int,
                 halt: Optional[Halt], want_hidden: bool):
@@ -362,6 +360,7 @@ class LoopscaleForCausalLM(PreTrainedModel, GenerationMixin):
                 out.append((keep, None))
                 continue
             row.ids.extend(new)
+            window = new  # what the decoder is fed: the new ids, or a whole window to a new decoder
             if row.decoder is None or row.decoder.pos + len(new) > seq:
                 if row.decoder is None:
                     window = row.ids[-seq:]  # the prompt (its last seq_len ids)
@@ -369,11 +368,8 @@ class LoopscaleForCausalLM(PreTrainedModel, GenerationMixin):
                     window = row.ids[-max(1, seq // 2):]
                     row.slides += 1
                 row.decoder = Decoder(lm, n, halt)
-                t = torch.tensor([window], device=ids.device)
-                fed = min(len(new), len(window))
-            else:
-                t = torch.tensor([new], device=ids.device)
-                fed = len(new)
+            t = torch.tensor([window], device=ids.device)
+            fed = min(len(new), len(window))
             if halt is not None and row.decoder.pos > 0 and t.shape[1] == 1:
                 z, loops = row.decoder(t)  # may exit early: the token's logits come from exit `loops`
                 res = (z[None, None], None, None)
