@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from ..config import ConfigError, EvalConfig, load_eval_config
+from ..config import EvalConfig, load_eval_config
 from ..registry import DIAGNOSTICS as REGISTRY
 
 
@@ -27,34 +27,29 @@ def _summary_line(result: dict) -> str:
     return json.dumps({k: result.get(k) for k in ("diagnostic", "status", "tokens", "wall_time_s")})
 
 
-def _threads(args) -> None:
-    if args.threads < 0:
-        raise ConfigError(f"--threads must be >= 0, got {args.threads}")
+def _setup(args) -> EvalConfig:
+    """Set --threads (already bounded by check_common_args), then the evaluation settings:
+    --preset <- --eval-config FILE <- --set eval.KEY=VALUE, validated before any model is loaded."""
     if args.threads:
         import torch
         torch.set_num_threads(args.threads)
-
-
-def _eval_config(args) -> EvalConfig:
-    """--preset <- --eval-config FILE <- --set eval.KEY=VALUE, validated before any model is loaded."""
     return load_eval_config(args.eval_config, args.overrides, args.preset)
 
 
 def cmd_eval(args) -> int:
     from ..diagnostics import run_diagnostic
-    _threads(args)
     result = run_diagnostic(args.diagnostic, args.model, args.data, args.out, device=args.device,
-                            progress=not args.quiet, eval_config=_eval_config(args))
+                            progress=not args.quiet, eval_config=_setup(args))
     print(_summary_line(result))
     return 0
 
 
 def cmd_eval_all(args) -> int:
     from ..diagnostics import DIAGNOSTICS, run_all
-    _threads(args)
+    eval_config = _setup(args)
     names = tuple(n.strip() for n in args.only.split(",")) if args.only else DIAGNOSTICS
     results = run_all(args.model, args.data, args.outdir, device=args.device, progress=not args.quiet,
-                      names=names, eval_config=_eval_config(args))
+                      names=names, eval_config=eval_config)
     for r in results.values():
         print(_summary_line(r))
     return 0
