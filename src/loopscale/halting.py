@@ -202,8 +202,7 @@ def paper_protocol(run: EvalRun, ce: np.ndarray, conf: dict, starts: np.ndarray)
     """The paper's halting protocol on the windows `starts` (ce, conf: their exit statistics):
     curves, in-sample calibration, and the real dynamic-depth run timed against the paper's
     fixed-depth baseline (every exit read out) on the same windows."""
-    e = run.ecfg
-    target = 1 + e.halting_epsilon
+    target = 1 + run.ecfg.halting_epsilon
     unit_ce, tokens, _ = paper_units(ce, ce, "sequence")
     calibrated = {p: {"policy": p, "official_policy": PAPER_POLICY[p],
                       **paper_calibrate(unit_ce, tokens, paper_units(ce, conf[p], "sequence")[2], target)}
@@ -242,25 +241,21 @@ def dynamic_batch(model, x: torch.Tensor, y: torch.Tensor, policy: Optional[str]
     T = x.shape[1]
     h_in = model.embed(x)
     ce_sum, loops = (torch.zeros((), dtype=torch.float64, device=x.device) for _ in range(2))
-    for k in range(1, K + 1):
+    for k in range(1, K):  # the early exits
         h = model.loop(h_in)
-        if k == K or policy is None or tau is None:
-            if k < K:
-                h_in = model.feed(h, k)
-                continue
-            _add_exit_ce(ce_sum, model, h, y, True)
-            loops += K * y.numel()
-            break
-        ce, conf = exit_token_stats(model, h, y, final=False, k=k)
-        c = paper_window_score(conf[policy].view(-1, T)) if paper else conf[policy].view(-1, T).double().mean(1)
-        halt = c >= tau
-        ce_sum += (ce.view(-1, T).double().sum(1) * halt).sum()
-        loops += k * T * halt.sum()
-        keep = ~halt
-        if not bool(keep.any()):
-            break
-        h, y = h[keep], y[keep]
+        if policy is not None and tau is not None:
+            ce, conf = exit_token_stats(model, h, y, final=False, k=k)
+            c = paper_window_score(conf[policy].view(-1, T)) if paper else conf[policy].view(-1, T).double().mean(1)
+            halt = c >= tau
+            ce_sum += (ce.view(-1, T).double().sum(1) * halt).sum()
+            loops += k * T * halt.sum()
+            keep = ~halt
+            if not bool(keep.any()):
+                return ce_sum, loops
+            h, y = h[keep], y[keep]
         h_in = model.feed(h, k)
+    _add_exit_ce(ce_sum, model, model.loop(h_in), y, True)
+    loops += K * y.numel()
     return ce_sum, loops
 
 
@@ -326,10 +321,9 @@ def halting(run: EvalRun) -> tuple[dict, int]:
 
     static = {part: [{"k": k + 1, "ce": float(ce[sl, :, k].mean()), "ppl": ppl(float(ce[sl, :, k].mean()))}
                      for k in range(K)] for part, sl in parts.items()}
-    policies = {}
+    policies, cal = {}, parts["calib"]
     for g in GRANULARITIES:
         for p in POLICIES:
-            cal = parts["calib"]
             tau = calibrate(ce[cal], conf[p][cal], g, e.halting_epsilon)
             policies[f"{p}/{g}"] = {
                 "policy": p, "granularity": g,
