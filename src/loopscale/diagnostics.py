@@ -283,7 +283,6 @@ def clamp(run: EvalRun) -> tuple[dict, int]:
     K, model = run.K, run.model
     starts = windows(run, run.ecfg.clamp_tokens)
     modes = {}
-    n = 0
     for mode in CLAMP_MODES:
         sums = torch.zeros(3, K, dtype=torch.float64)  # rows: token sums of CE, ‖H_k‖, RMS(H_k)
         log: dict = {}

@@ -8,6 +8,7 @@ every target token is scored once), the model runs in fp32 with dropout off.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,8 +49,7 @@ def exit_losses(model: LoopedLM, tokens, batch_size: int, max_tokens: int = 0,
     seq = model.cfg.seq_len
     n_loops = model.cfg.n_loops if n_loops is None else n_loops
     starts = D.eval_window_starts(len(tokens), seq, max_tokens)
-    ce_sum = torch.zeros(n_loops, dtype=torch.float64)
-    norm_sum = torch.zeros(n_loops, dtype=torch.float64)
+    ce_sum, norm_sum = (torch.zeros(n_loops, dtype=torch.float64) for _ in range(2))
     n_tok = 0
     try:
         for i in range(0, len(starts), batch_size):
@@ -101,12 +101,10 @@ def check_data_matches(cfg: RunConfig, meta: dict, model_path, data_dir, recorde
 
     `recorded`: the data record inside the checkpoint (train.py writes it); without one, the
     run record beside the model file (artifacts.read_record)."""
-    trained_on = recorded or None
-    if trained_on is None:
-        try:
-            trained_on = read_record(Path(model_path).parent)[0].get("data") or None
-        except CheckpointError:
-            trained_on = None
+    trained_on = recorded
+    if not trained_on:
+        with contextlib.suppress(CheckpointError):
+            trained_on = read_record(Path(model_path).parent)[0].get("data")
     here = meta.get("vocab_size")
     ours = (trained_on or {}).get("vocab_size")
     if ours is None or here is None:  # no record of the run's data: compare the settings

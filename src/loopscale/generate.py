@@ -65,7 +65,7 @@ class Decoder:
         self.pos += ids.shape[1]
         for k in range(1, n + 1):
             h = model.loop(x, self.caches[k - 1])
-            if k < n and may_halt:
+            if k < n:
                 z = model.logits(h[:, -1], final=False, k=k).float()
                 if confidences(z)[self.halt.policy].item() >= self.halt.threshold:
                     self._copy_forward(k)
@@ -200,10 +200,10 @@ def run_threshold(run_dir: str | Path, policy: str, cfg=None) -> float:
     if policy not in POLICIES:
         raise ConfigError(f"--halt: unknown policy {policy!r}; choose one of {', '.join(POLICIES)}")
     path = Path(run_dir) / "eval" / "halting.json"
+    calibrate = f"loopscale eval halting --model {Path(run_dir) / 'model.pt'} --data DATA --out {path}"
     if not path.is_file():
-        raise FileNotFoundError(f"{path} not found: run `loopscale eval halting --model {Path(run_dir) / 'model.pt'} "
-                                f"--data DATA --out {path}` first, or give --threshold")
-    rerun = f"rerun `loopscale eval halting --model {Path(run_dir) / 'model.pt'} --data DATA --out {path}`"
+        raise FileNotFoundError(f"{path} not found: run `{calibrate}` first, or give --threshold")
+    rerun = f"rerun `{calibrate}`"
     try:
         result = json.loads(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError:

@@ -40,10 +40,9 @@ def _int_arg(name: str, value, minimum: int, maximum: Optional[int] = None) -> i
     """An integer model arg in [minimum, maximum] (config.Range, the project's limits)."""
     from .config import Range
     allowed = Range(minimum, math.inf if maximum is None else maximum)
-    if isinstance(value, bool):
-        raise ConfigError(f"--model_args {name}: expected an integer, got {value!r}")
+    integral = not isinstance(value, bool) and (not isinstance(value, float) or value.is_integer())
     try:
-        v = int(value) if not isinstance(value, float) or value.is_integer() else None
+        v = int(value) if integral else None
     except (TypeError, ValueError, OverflowError):
         v = None
     if v is None:
@@ -125,8 +124,8 @@ class LoopscaleLM(LM):
             check_run_dir(self.run)
         self.model, self.tokenizer, self.cfg = load(self.run, device=device)
         self._device = torch.device(device)
-        K = self.cfg.model.n_loops
-        self.loops = K if self.loops is None else self.loops
+        if self.loops is None:
+            self.loops = self.cfg.model.n_loops
         self.halting = halting
         self.threshold = None
         if halting is not None:
