@@ -95,11 +95,6 @@ class Decoder:
                 dst.append(src.k[:, :, -1:], src.v[:, :, -1:])
 
 
-def _full_depth_logits(model: LoopedLM, ids: torch.Tensor, n_loops: int) -> tuple[torch.Tensor, int]:
-    """Uncached: re-run the whole context, read the last position after loop n_loops."""
-    return model.logits(model(ids, n_loops=n_loops)[-1][:, -1], final=True).float()[0], n_loops
-
-
 MIN_TEMPERATURE = 1e-4  # below it softmax(logits / T) overflows float32 for plausible logits; 0 is greedy
 
 
@@ -165,8 +160,8 @@ def generate(model: LoopedLM, prompt: list[int], max_new_tokens: int, n_loops: O
 
     def encode_window():
         window = torch.tensor([ids[start:]], device=dev)
-        if not use_cache:
-            return None, _full_depth_logits(model, window, n)
+        if not use_cache:  # re-run the whole window, read the last position after loop n
+            return None, (model.logits(model(window, n_loops=n)[-1][:, -1], final=True).float()[0], n)
         dec = Decoder(model, n, halt)
         return dec, dec(window)
 
@@ -185,8 +180,8 @@ def generate(model: LoopedLM, prompt: list[int], max_new_tokens: int, n_loops: O
             dec, (logits, loops) = encode_window()
         elif use_cache:
             logits, loops = dec(torch.tensor([[nxt]], device=dev))
-        else:
-            logits, loops = _full_depth_logits(model, torch.tensor([ids[start:]], device=dev), n)
+        else:  # uncached: every token re-encodes the window
+            dec, (logits, loops) = encode_window()
     out.seconds = time.perf_counter() - t0
     return out
 
