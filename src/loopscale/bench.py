@@ -475,14 +475,8 @@ def summary(r: dict) -> str:
 # the memory measurement's subprocess: python -m loopscale.bench --memory-child
 # (the command is loopscale.cli.bench)
 # ---------------------------------------------------------------------------
-def _child_main() -> int:
-    payload = json.loads(sys.stdin.read())
-    print(json.dumps(_memory_child(payload)))
-    return 0
-
-
 if __name__ == "__main__":
     if sys.argv[1:] != ["--memory-child"]:
         sys.exit("python -m loopscale.bench only runs the memory measurement's subprocess; "
                  "the benchmark is `loopscale bench`")
-    sys.exit(_child_main())
+    print(json.dumps(_memory_child(json.loads(sys.stdin.read()))))

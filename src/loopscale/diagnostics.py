@@ -48,7 +48,7 @@ def depth(run: EvalRun) -> tuple[dict, int]:
     if READOUTS[run.cfg.model.readout].exits_differ:
         ex = exit_losses(model, run.tokens, e.batch_size, e.max_tokens, n_loops=K, device=run.device)
     else:
-        ex = {key: deep[key][:K] if isinstance(deep[key], list) else deep[key] for key in deep}
+        ex = {key: v[:K] if isinstance(v, list) else v for key, v in deep.items()}
 
     def rows(r, n):
         return [{"k": k + 1, "ce": r["ce"][k], "ppl": r["ppl"][k], "norm": r["norm"][k]} for k in range(n)]
