@@ -549,7 +549,10 @@ def _encode_pieces(tok: Tokenizer, text: str, progress: Optional[Callable[[int],
                    chunk_chars: int = _CHUNK_CHARS) -> Iterator[np.ndarray]:
     """Yield uint16 id arrays for consecutive pieces of `text`, batch by batch."""
     chunks = _chunks(text, chunk_chars)
-    for batch in iter(lambda: list(itertools.islice(chunks, _ENCODE_BATCH_CHUNKS)), []):
+    while True:
+        batch = list(itertools.islice(chunks, _ENCODE_BATCH_CHUNKS))
+        if not batch:
+            return
         for piece, enc in zip(batch, tok.encode_batch(batch, add_special_tokens=False)):
             yield np.asarray(enc.ids, dtype=TOKEN_DTYPE)
             if progress:
