@@ -310,9 +310,11 @@ class LoopscaleForCausalLM(PreTrainedModel, GenerationMixin):
     def _uncached(self, ids: torch.Tensor, mask: Optional[torch.Tensor], n: int, want_hidden: bool):
         if mask is None:
             return self._full(ids, n, want_hidden)
-        keeps = [mask[i].nonzero().squeeze(1) for i in range(ids.shape[0])]  # each row on its attended ids alone
-        return _scatter([(keep, self._full(ids[i:i + 1, keep], n, want_hidden) if keep.numel() else None)
-                         for i, keep in enumerate(keeps)], ids.shape[1])
+        rows = []
+        for i in range(ids.shape[0]):  # each row on its attended ids alone
+            keep = mask[i].nonzero().squeeze(1)
+            rows.append((keep, self._full(ids[i:i + 1, keep], n, want_hidden) if keep.numel() else None))
+        return _scatter(rows, ids.shape[1])
 
     def _cached(self, cache: LoopscaleCache, ids: torch.Tensor, mask: Optional[torch.Tensor], n: int,
                 halt: Optional[Halt], want_hidden: bool):
