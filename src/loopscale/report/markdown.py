@@ -21,8 +21,13 @@ def _decimals(x: float) -> Optional[int]:
         return 0
     if a >= 1e6 or a < 1e-3:
         return None
-    # fewer decimals the larger the number: 1234, 123.4, 12.34, 0.123
-    return next((d for bound, d in ((1000, 0), (100, 1), (1, 2)) if a >= bound), 3)
+    if a >= 1000:
+        return 0
+    if a >= 100:
+        return 1
+    if a >= 1:
+        return 2
+    return 3
 
 
 def num(x, kind: str = "auto", decimals: Optional[int] = -1) -> str:
