@@ -8,9 +8,10 @@ docs/artifacts.md ("Hugging Face transformers").
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -19,10 +20,11 @@ import torch.nn.functional as F
 from transformers import AutoConfig, AutoModelForCausalLM, GenerationMixin, PreTrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
-from .artifacts import HF_ARCHITECTURE, HF_MODEL_TYPE, LIMITS
-from .config import ModelConfig
+from .artifacts import (HF_ARCHITECTURE, HF_CONFIG, HF_MODEL_TYPE, LIMITS, RECORD, WEIGHTS, hf_config, load,
+                        read_record, role_token_ids, write_run_files)
+from .config import ModelConfig, RunConfig
 from .exits import POLICIES
-from .generate import Decoder, Halt
+from .generate import Decoder, Halt, run_threshold
 from .io import CheckpointError
 from .model import LoopedLM
 from .runfiles import check_regular, check_run_dir, read_json
@@ -78,15 +80,14 @@ class LoopscaleCausalLMOutput(CausalLMOutputWithPast):
     exit_logits: Optional[tuple] = None
 
 
+@dataclass
 class _Row:
     """One sequence of a padded or halting batch: its attended ids and its own decoder."""
-
-    def __init__(self):
-        self.ids: list[int] = []  # every id fed with attention-mask 1, window slides included
-        self.decoder: Optional[Decoder] = None
-        self.loops: list[int] = []  # loops of the pass that produced each next-token prediction
-        self.slides = 0
-        self.last: Optional[tuple] = None  # the latest position's (logits, hidden states, exit logits)
+    ids: list[int] = field(default_factory=list)  # every id fed with attention-mask 1, window slides included
+    decoder: Optional[Decoder] = None
+    loops: list[int] = field(default_factory=list)  # loops of the pass that produced each next-token prediction
+    slides: int = 0
+    last: Optional[tuple] = None  # the latest position's (logits, hidden states, exit logits)
 
 
 class LoopscaleCache:
@@ -141,7 +142,6 @@ class LoopscaleForCausalLM(PreTrainedModel, GenerationMixin):
         """The run through `loopscale.load`, config.json cross-checked against the run record.
         Only `n_loops` may be changed at loading: any other model setting (also through a config
         or an alias) is fixed by the weights and refused."""
-        from .artifacts import load
         run = _local_dir(pretrained_model_name_or_path, kwargs)
         check_run_dir(run)
         lm, tok, cfg = load(run)
@@ -150,7 +150,7 @@ class LoopscaleForCausalLM(PreTrainedModel, GenerationMixin):
                      if k in LoopscaleConfig.attribute_map or k in expected or k == "n_loops"}
         if config is not None and not isinstance(config, LoopscaleConfig):
             raise ValueError(f"config must be a LoopscaleConfig, got {type(config).__name__}")
-        given = dict(config.to_dict()) if config is not None else {}
+        given = config.to_dict() if config is not None else {}
         for alias, name in LoopscaleConfig.attribute_map.items():
             if alias in overrides:
                 overrides[name] = overrides.pop(alias)
@@ -222,7 +222,6 @@ class LoopscaleForCausalLM(PreTrainedModel, GenerationMixin):
             if self.run_dir is None:
                 raise ValueError("halt without threshold needs a model loaded from a run directory "
                                  "(its calibrated RUN/eval/halting.json); give threshold=τ")
-            from .generate import run_threshold
             threshold = run_threshold(self.run_dir, halt, getattr(self, "run_config", None))
         elif isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
             raise ValueError(f"threshold must be a finite number, got {threshold!r}")
@@ -399,10 +398,6 @@ class LoopscaleForCausalLM(PreTrainedModel, GenerationMixin):
         """Write the run's artifact files (artifacts.write_run_files) into `save_directory`;
         the tokenizer is written by the tokenizer's own save_pretrained. A directory that
         already holds a run (its record, config or weights) is refused unless overwrite=True."""
-        import dataclasses
-
-        from .artifacts import HF_CONFIG, RECORD, WEIGHTS, write_run_files
-        from .config import RunConfig
         out = Path(save_directory)
         present = [name for name in (RECORD, HF_CONFIG, WEIGHTS, "model.pt") if os.path.lexists(out / name)]
         if present and not overwrite:
@@ -461,7 +456,6 @@ def _scatter(rows: list, T: int, states: Optional[list] = None):
 def _expected_hf_config(run: Path, cfg, tok) -> dict:
     """config.json as loopscale writes it for this run (artifacts.hf_config); the run's own
     config.json, where it is the Hugging Face config, must say the same, key by key."""
-    from .artifacts import HF_CONFIG, RECORD, hf_config, read_record, role_token_ids
     record, rec_path = read_record(run)
     path = run / HF_CONFIG
     if rec_path.name != RECORD or not path.exists():  # an older layout: config.json is the record
