@@ -113,14 +113,15 @@ def parse_tokenizer(text: bytes, where: str | Path) -> Tokenizer:
         raise CheckpointError(f"{where} is not a valid tokenizers JSON file ({first})") from None
 
 
-def write_tokenizer(run_dir: str | Path, tokenizer_json: bytes, model_max_length: int) -> None:
-    """tokenizer.json plus the PreTrainedTokenizerFast metadata files."""
+def write_tokenizer(run_dir: str | Path, tokenizer_json: bytes, model_max_length: int) -> Tokenizer:
+    """tokenizer.json plus the PreTrainedTokenizerFast metadata files; returns the parsed tokenizer."""
     run = Path(run_dir)
     tok = parse_tokenizer(tokenizer_json, "the tokenizer")
     config, special = tokenizer_metadata(tok, model_max_length)
     atomic_write_bytes(run / "tokenizer.json", tokenizer_json)
     atomic_write_json(run / "tokenizer_config.json", config)
     atomic_write_json(run / "special_tokens_map.json", special)
+    return tok
 
 
 def role_token_ids(tok: Optional[Tokenizer]) -> dict:
@@ -159,17 +160,15 @@ def write_run_files(run_dir: str | Path, model: LoopedLM, record: dict, tokenize
     seq_len = record["config"]["model"]["seq_len"]
     tok_hash, token_ids = None, None
     if tokenizer_json is not None:
-        write_tokenizer(run, tokenizer_json, seq_len)
-        token_ids = role_token_ids(parse_tokenizer(tokenizer_json, "the tokenizer"))
+        token_ids = role_token_ids(write_tokenizer(run, tokenizer_json, seq_len))
         tok_hash = hashlib.sha256(tokenizer_json).hexdigest()
         record = {**record, "data": {**(record.get("data") or {}), "tokenizer_sha256": tok_hash}}
     atomic_write_json(run / RECORD, record)
     fp = config_fingerprint(record["config"])
     save_weights(run / WEIGHTS, model, fp)
-    state = {k: v.detach().to("cpu") for k, v in model.state_dict().items()}
     from .remote import modeling_source
     atomic_write_text(run / MODELING, modeling_source())
-    atomic_write_json(run / HF_CONFIG, hf_config(record, weights_sha256(state), tok_hash, token_ids))
+    atomic_write_json(run / HF_CONFIG, hf_config(record, weights_sha256(model.state_dict()), tok_hash, token_ids))
 
 
 def export_run(run_dir: str | Path, data_dir: Optional[str | Path] = None) -> list[str]:
