@@ -19,7 +19,7 @@ from typing import Optional
 
 import pandas as pd
 
-from ..registry import condition
+from ..registry import DIAGNOSTICS, condition
 from . import paper
 from .appendix_b import appendix_b_table, is_ouro
 from .drift_law import train_norms_frame
@@ -70,9 +70,9 @@ def main_table(groups: list[Group]) -> Table:
         srcs = sorted({f["source"] for f in fe if f["source"] != "none"})
         ref = paper.reference(g.cond)
         rows.append({**group_ids(g), "runs": g.runs_text(), "n_runs": len(g.runs), "n": ppl[2] if ppl[2] else nk[2],
-                     "ppl_K_mean": ppl[0], "ppl_K_std": ppl[1], "ppl_K_n": ppl[2],
+                     **stat_columns("ppl_K", ppl),
                      "ce_K_mean": ce[0], "ce_K_std": ce[1],
-                     "norm_K_mean": nk[0], "norm_K_std": nk[1], "norm_K_n": nk[2],
+                     **stat_columns("norm_K", nk),
                      "norm_K_over_sqrt_d_mean": nks[0], "norm_K_over_sqrt_d_std": nks[1],
                      "ppl_source": "+".join(srcs),
                      "paper_ppl_K_129M": ref["ppl_K_129M"], "paper_norm_K": ref["norm_text"]})
@@ -86,13 +86,14 @@ def main_table(groups: list[Group]) -> Table:
                    "Paper PPL exit K=4 (129M)", "Paper ‖H_K‖"], md_rows)
     srcs = sorted({s for row in rows for s in row["ppl_source"].split("+") if s})
     src_note = ""
-    if srcs:
-        src_note = ("PPL and ‖H_K‖ at the final exit K: " +
-                    {"depth": "from eval/depth.json (full validation evaluation).",
-                     "summary": "from the end-of-training validation in summary.json (train.eval_tokens tokens).",
-                     }.get(srcs[0], "") if len(srcs) == 1 else
-                    "PPL and ‖H_K‖ at the final exit K: from eval/depth.json where present, otherwise from the "
-                    "end-of-training validation in summary.json (see ppl_source in main.csv).") + "\n"
+    if len(srcs) == 1:
+        src_note = "PPL and ‖H_K‖ at the final exit K: " + {
+            "depth": "from eval/depth.json (full validation evaluation).",
+            "summary": "from the end-of-training validation in summary.json (train.eval_tokens tokens).",
+        }.get(srcs[0], "") + "\n"
+    elif srcs:
+        src_note = ("PPL and ‖H_K‖ at the final exit K: from eval/depth.json where present, otherwise from the "
+                    "end-of-training validation in summary.json (see ppl_source in main.csv).\n")
     md += join_notes("\nmean ± std over seeds (std ddof=1); n = completed seeds / runs. ‖H_k‖ = mean over tokens of the "
                  "per-token L2 norm before any normalisation; √d is the norm of an N(0,1) embedding row (the "
                  "paper's init). Paper columns: the paper's 129M per-loop results and headline norms (PPL over the paper's regex tokens, 3 seeds).\n",
@@ -111,10 +112,7 @@ def depth_table(groups: list[Group]) -> Table:
         ex_rows, dp_rows, tp_rows = [], [], []
         for g in gs:
             n_row = len(g.used)
-            ex_ppl = {}
-            for r in g.used:
-                for row in exits(r)[0] or []:
-                    ex_ppl.setdefault(int(row["k"]), []).append(row.get("ppl"))
+            ex_ppl = k_values(g, lambda r: exits(r)[0], "ppl")
             ex_norm = k_values(g, lambda r: exits(r)[0], "norm")
             dp_ppl = k_values(g, depth_curve, "ppl")
             dp_norm = k_values(g, depth_curve, "norm")
@@ -342,8 +340,7 @@ def halting_table(groups: list[Group]) -> Table:
             row["early_exit_frac"] = sum(bool(p.get("early_exit")) for p in ps) / len(ps)
             timed = dyn.get(policy, []) if gran == "sequence" else []  # dynamic depth: sequence policies only
             sp, dl = stats(v.get("speedup") for v in timed), stats(v.get("mean_loops") for v in timed)
-            row.update({"dynamic_speedup_mean": sp[0], "dynamic_speedup_std": sp[1], "dynamic_speedup_n": sp[2],
-                        "dynamic_mean_loops_mean": dl[0]})
+            row.update(stat_columns("dynamic_speedup", sp), dynamic_mean_loops_mean=dl[0])
             rows.append(row)
             md_rows.append([g.size.label, g.cond.label, f"{policy}/{gran}", f"{len(ps)}/{len(g.runs)}",
                             pm(*cells[("calib", "mean_loops")], n_row=len(ps)),
@@ -352,7 +349,7 @@ def halting_table(groups: list[Group]) -> Table:
                             pm(*cells[("test", "ppl")], n_row=len(ps)),
                             pm(*cells[("test", "ppl_ratio")], n_row=len(ps)),
                             f"{sum(bool(m) for m in meets)}/{len(meets)}",
-                            pm(sp[0], sp[1], sp[2], kind="ratio", n_row=len(ps)) if gran == "sequence" else EMPTY])
+                            pm(*sp, kind="ratio", n_row=len(ps)) if gran == "sequence" else EMPTY])
         if not pols:
             md_rows.append([g.size.label, g.cond.label, EMPTY, f"0/{len(g.runs)}"] + [EMPTY] * 7)
     md = md_table(["Size", "Condition", "Policy/granularity", "n", "calib mean loops", "calib PPL ratio",
@@ -365,7 +362,6 @@ def halting_table(groups: list[Group]) -> Table:
 
 
 def runs_table(runs: list[Run], root: Optional[Path] = None) -> Table:
-    from ..registry import DIAGNOSTICS
     rows, md_rows = [], []
     for r in runs:
         fe = final_exit(r) if r.completed else {"ppl": math.nan, "norm": math.nan, "source": "none"}
@@ -432,13 +428,13 @@ def halting_paper_table(groups: list[Group]) -> Table:
         for p in sorted(per):
             cs = per[p]
             row = {**group_ids(g), "policy": p, "official_policy": cs[0].get("official_policy", p)}
-            cells = {}
+            cells = []
             for key in _PAPER_HALTING_KEYS:
                 s = stats(c.get(key) for c in cs)
                 row.update(stat_columns(key, s))
-                cells[key] = pm(*s, kind="ratio" if key == "bench_speedup" else "auto", n_row=len(cs))
+                cells.append(pm(*s, kind="ratio" if key == "bench_speedup" else "auto", n_row=len(cs)))
             rows.append(row)
-            md_rows.append([g.size.label, g.cond.label, p, f"{len(cs)}/{len(g.runs)}"] + [cells[k] for k in _PAPER_HALTING_KEYS])
+            md_rows.append([g.size.label, g.cond.label, p, f"{len(cs)}/{len(g.runs)}"] + cells)
         if not per:
             md_rows.append([g.size.label, g.cond.label, EMPTY, f"0/{len(g.runs)}"] + [EMPTY] * len(_PAPER_HALTING_KEYS))
     md = md_table(["Size", "Condition", "Policy", "n", "threshold", "mean loops", "PPL ratio", "fixed PPL",
