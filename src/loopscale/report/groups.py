@@ -209,22 +209,21 @@ def excluded_note(groups: list[Group]) -> str:
 
 
 def missing_note(groups: list[Group], diag: str) -> str:
-    miss, n_used, n_miss = [], 0, 0
+    miss, statuses = [], []
     for g in groups:
         by_status: dict = {}
         for r in g.used:
-            n_used += 1
             st = r.diag_status(diag)
+            statuses.append(st)
             if st != "ok":
-                n_miss += 1
                 by_status.setdefault(st, []).append(str(r.seed))
         for st, seeds in by_status.items():
             miss.append(f"{g.cond.label} [{g.size.label}] seed{'s' if len(seeds) > 1 else ''} {', '.join(seeds)} ({st})")
     if not miss:
         return ""
-    if n_miss == n_used and len({m.rsplit('(', 1)[1] for m in miss}) == 1:
-        st = miss[0].rsplit("(", 1)[1].rstrip(")")
-        return f"eval/{diag}.json is {st} for all {n_used} completed runs: the diagnostic was not run (cells empty).\n"
+    if len(set(statuses)) == 1:
+        return (f"eval/{diag}.json is {statuses[0]} for all {len(statuses)} completed runs: the diagnostic was not run "
+                f"(cells empty).\n")
     return f"Completed runs without a usable eval/{diag}.json (cells empty, n lower): " + "; ".join(miss) + ".\n"
 
 

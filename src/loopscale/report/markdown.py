@@ -4,14 +4,12 @@ from __future__ import annotations
 import math
 from typing import Iterable, Optional, Sequence
 
+from .runs import finite
+
 EMPTY = "—"
 # columns holding text are left-aligned, numbers right-aligned
 LEFT = {"Size", "Condition", "Runs", "Status", "Policy/granularity", "Clamp", "Run directory", "Diagnostics",
         "Claim", "Verdict", "Rule", "Paper", "Ours", "Ours (seed means)", "Per seed", "Item", "Value", "Setting", "Figure", "Table", "Condition (size)"}
-
-
-def isnum(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _decimals(x: float) -> Optional[int]:
@@ -60,7 +58,7 @@ def pm(mean, std, n: Optional[int] = None, kind: str = "auto", n_row: Optional[i
     if mean is None or (isinstance(mean, float) and math.isnan(mean)):
         return EMPTY
     s = num(mean, kind)
-    if isnum(std) and (n is None or n > 1):
+    if finite(std) and (n is None or n > 1):
         sd = num(std, kind, _decimals(mean) if kind == "auto" else -1)
         if std != 0 and sd.strip("0.,") == "":  # rounds to zero at the mean's precision
             sd = f"{std:.1e}"
