@@ -362,13 +362,13 @@ def memory_comparison(cfg: RunConfig, device: torch.device, threads: int | None 
 def profile_step(tr: Trainer, top: int = 25) -> dict:
     """Top operators (self time) of one training step, via torch.profiler."""
     from torch.profiler import ProfilerActivity, profile
-    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if tr.device.type == "cuda" else [])
+    cuda = tr.device.type == "cuda"
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     x, y = tr.batch(generator=torch.Generator().manual_seed(5))
     tr.step(x, y)
     with profile(activities=acts) as prof:
         tr.step(x, y)
         sync(tr.device)
-    cuda = tr.device.type == "cuda"
     attr = "self_device_time_total" if cuda else "self_cpu_time_total"
     events = prof.key_averages()
     total = sum(getattr(e, attr, 0) for e in events)
