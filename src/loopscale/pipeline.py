@@ -70,10 +70,6 @@ class ConditionSpec:
     def id(self) -> str:
         return self.condition.id
 
-    @property
-    def override_dict(self) -> dict:
-        return json.loads(self.overrides)
-
 
 @dataclass
 class PlannedRun:
@@ -88,7 +84,7 @@ class PlannedRun:
 
     @property
     def dir(self) -> str:
-        return run_dir(self.experiment, self.size, self.condition.id, self.seed)
+        return f"runs/{self.experiment}/{self.size}/{self.condition.id}/seed{self.seed}"
 
 
 @dataclass
@@ -143,7 +139,7 @@ class Experiment:
 
     @property
     def data_dir(self) -> str:
-        return data_dir(self.name)
+        return f"data/{self.name}"
 
     @property
     def train_resources(self) -> dict:
@@ -173,14 +169,6 @@ class Experiment:
                 f'--nproc-per-node {per_node} --rdzv-backend c10d --rdzv-id "$SLURM_JOB_ID" '
                 '--rdzv-endpoint "$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1):29500" '
                 f'-m loopscale.cli {command}')
-
-
-def run_dir(exp: str, size: str, cond: str, seed) -> str:
-    return f"runs/{exp}/{size}/{cond}/seed{seed}"
-
-
-def data_dir(exp: str) -> str:
-    return f"data/{exp}"
 
 
 # ---------------------------------------------------------------------------
@@ -426,7 +414,7 @@ def build_experiment(params: dict, name: str) -> Experiment:
                               f"split it into several experiments")
         for cs in size_conditions:
             c = cs.condition
-            cond_train, cond_eval = _split_eval(cs.override_dict)
+            cond_train, cond_eval = _split_eval(json.loads(cs.overrides))
             if "data" in cond_train:
                 raise ParamsError(f"{cs.where}.overrides.data: an experiment prepares one corpus: set data "
                                   f"settings in {where}.data")
@@ -540,9 +528,8 @@ def apply_settings(params: dict, settings: Any, source: str) -> dict:
             exp["data"] = _deep_merge(exp.get("data") or {}, block["data"])
         run = {k: block[k] for k in SETTINGS_RUN_KEYS if block.get(k) is not None}
         if run and isinstance(exp.get("sizes"), dict):
-            exp["sizes"] = {size: (_deep_merge(spec, {"overrides": _deep_merge(spec.get("overrides") or {}, run)})
-                                   if isinstance(spec, dict) else spec)
-                            for size, spec in exp["sizes"].items()}
+            exp["sizes"] = {size: {**spec, "overrides": _deep_merge(spec.get("overrides") or {}, run)}
+                            if isinstance(spec, dict) else spec for size, spec in exp["sizes"].items()}
         exps[name] = exp
     return params
 
