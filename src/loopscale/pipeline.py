@@ -528,8 +528,8 @@ def apply_settings(params: dict, settings: Any, source: str) -> dict:
             exp["data"] = _deep_merge(exp.get("data") or {}, block["data"])
         run = {k: block[k] for k in SETTINGS_RUN_KEYS if block.get(k) is not None}
         if run and isinstance(exp.get("sizes"), dict):
-            exp["sizes"] = {size: {**spec, "overrides": _deep_merge(spec.get("overrides") or {}, run)}
-                            if isinstance(spec, dict) else spec for size, spec in exp["sizes"].items()}
+            exp["sizes"] = {size: ({**spec, "overrides": _deep_merge(spec.get("overrides") or {}, run)}
+                                   if isinstance(spec, dict) else spec) for size, spec in exp["sizes"].items()}
         exps[name] = exp
     return params
 
