@@ -3,6 +3,7 @@ tables and the figures. Deterministic: the same runs give the same bytes (no clo
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 from collections import Counter
@@ -10,11 +11,15 @@ from pathlib import Path
 from typing import Optional
 
 
+from ..config import MODEL_PRESETS, ConfigError, RunConfig, read_yaml
+from ..io import atomic_write_text
 from . import claims as C
-from .groups import Table, group_runs
-from .figures import FIGURES
+from .endpoint_scale import json_safe, story_points, story_summary, story_table
+from .groups import Table, group_runs, write_tables
+from .figures import FIGURES, fig_story, no_data
 from .markdown import md_table
-from .runs import Run, finite
+from .records import records_of_runs
+from .runs import Run, find_run_dirs, finite, load_runs
 from .tables import build_tables
 
 
@@ -23,13 +28,11 @@ def load_params(path: Optional[str | os.PathLike], experiment: Optional[str]) ->
     missing or unreadable file is a ConfigError: the report would silently lose its setup."""
     if not path:
         return {}
-    from ..config import read_yaml
     d = read_yaml(path, "params file") or {}
     exps = d.get("experiments") if isinstance(d, dict) else None
     if isinstance(exps, dict) and experiment in exps and isinstance(exps[experiment], dict):
         return exps[experiment]
     if experiment:  # a report of an experiment its params file does not describe: refused
-        from ..config import ConfigError
         known = ", ".join(sorted(map(str, exps))) if isinstance(exps, dict) else "none"
         raise ConfigError(f"params file {str(path)!r} has no experiment {experiment!r} (experiments: {known})")
     return {}
@@ -66,7 +69,6 @@ def _precision(r: Run) -> str:
 
 
 def _infer_preset(run: Run) -> Optional[str]:
-    from ..config import MODEL_PRESETS
     m = run.config.get("model") or {}
     return next((name for name, p in MODEL_PRESETS.items()
                  if p.get("model") and all(m.get(k) == v for k, v in p["model"].items())), None)
@@ -135,7 +137,6 @@ def what_was_run(runs: list[Run], experiment: str, params: dict) -> str:
 
 def differences(runs: list[Run]) -> str:
     """The paper's experimental setup vs ours, per setting, from the run configs."""
-    from ..config import MODEL_PRESETS, RunConfig
     default = RunConfig().to_dict()
     p44, p129 = MODEL_PRESETS["paper-44m"], MODEL_PRESETS["paper-129m"]
 
@@ -199,7 +200,6 @@ def report_markdown(runs: list[Run], results_dir: Path, out_path: Path, experime
     if evidence:
         if claims_family == "dose":
             from . import dose
-            from .records import records_of_runs
             results, dose_frame = dose.evaluate(records_of_runs(runs), preregistered)
         else:
             results = C.evaluate_groups(groups, C.specs_of(claims_family), preregistered)
@@ -260,7 +260,6 @@ def has_data(t: Table) -> bool:
 def _figures_and_tables(runs, tables, figures_dir, results_dir, rel, evidence: bool) -> list[str]:
     """The figures and the tables of the report; a figure none of whose panels has data and a
     table without rows are left out, named in one line each."""
-    from .figures import no_data
     out = ["\n## Figures\n"]
     empty, skipped = [], []
     for name, (_, caption) in FIGURES.items():
@@ -323,7 +322,6 @@ def _nested(md: str, levels: int) -> str:
 def claims_tables(runs: list[Run], family: str = "paper", preregistered: str = "") -> list[Table]:
     """claims.{csv,md} and choices.{csv,md} of the runs (report/claims.py); the dose family
     (report/dose.py) adds dose.{csv,md}."""
-    from .records import records_of_runs
     tables = claims_tables_of_records(records_of_runs(runs), family, preregistered)
     bad = [f"{r.condition.label} seed {r.seed}: {'; '.join(r.problems)}" for r in runs if r.completed and r.problems]
     if bad:  # a claim they would have decided may read "not run at this scale": say why
@@ -351,12 +349,6 @@ def claims_tables_of_records(records, family: str = "paper", preregistered: str 
 
 def write_story(run_dirs: list[str], out: Path) -> list[Path]:
     """story.{csv,md}, story_summary.json and story_quadrant.{png,pdf} of the runs under `run_dirs`."""
-    import json
-    from ..io import atomic_write_text
-    from .groups import write_tables
-    from .figures import fig_story
-    from .runs import find_run_dirs, load_runs
-    from .endpoint_scale import json_safe, story_points, story_summary, story_table
     groups = group_runs(load_runs(find_run_dirs(run_dirs)))
     out = Path(out)
     written = write_tables([story_table(groups)], out)
