@@ -122,8 +122,6 @@ def _positive(v) -> bool:
 
 
 def _tick_plain(v: float, _pos=None) -> str:
-    if v <= 0:
-        return ""
     return f"{v:g}" if 1e-3 <= v < 1e6 else _tick_power(v)
 
 
@@ -467,30 +465,29 @@ def fig_lemma(groups: list[Group], path: Path) -> Path:
     sizes = list(dict.fromkeys(g.size for g in groups))
     n = max(1, len(sizes))
     fig, axes = plt.subplots(n, 3, figsize=(15.5 + _LEGEND_W, 4.2 * n), squeeze=False, layout="constrained")
+    panels = (("scale", "scale s_k = ‖H_k‖ (grows)", "mean per-token s_k (log scale)"),  # key, title, y label
+              ("angular_update", "angular update ‖u_(k+1) − u_k‖ (falls ~1/s)",
+               "mean ‖u_(k+1) − u_k‖ (log scale)"),
+              ("angular_times_scale", "angular update × scale (flat = Lemma 2)",
+               "mean ‖u_(k+1) − u_k‖ · s_k (log scale)"))
     for row, size in zip(axes, sizes or [None]):
-        ax_s, ax_u, ax_p = row
         any_ = False
         for g in (g for g in groups if g.size == size):
-            for ax, key in ((ax_s, "scale"), (ax_u, "angular_update"), (ax_p, "angular_times_scale")):
+            for ax, (key, _, _) in zip(row, panels):
                 ks, m, _ = _k_mean(g, lemma_loops, key)
                 if ks:
                     any_ = True
                     ax.plot(ks, m, color=colour(g.cond), ls=linestyle(g.cond), marker=marker(g.cond), ms=3, lw=1.5)
         lab = size.label if size else ""
-        for ax in (ax_s, ax_u, ax_p):
-            if not any_:
+        for ax, (_, title, ylabel) in zip(row, panels):
+            if any_:
+                _log(ax, "y", [y for line in ax.get_lines() for y in line.get_ydata()])
+                if size is not None:
+                    ax.axvline(size.n_loops, color="0.2", ls=":", lw=1)
+            else:
                 _empty(ax, "lemma")
-                continue
-            _log(ax, "y", [y for line in ax.get_lines() for y in line.get_ydata()])
-            if size is not None:
-                ax.axvline(size.n_loops, color="0.2", ls=":", lw=1)
-        ax_s.set_title(f"{lab}\nscale s_k = ‖H_k‖ (grows)")
-        ax_s.set_ylabel("mean per-token s_k (log scale)")
-        ax_u.set_title(f"{lab}\nangular update ‖u_(k+1) − u_k‖ (falls ~1/s)")
-        ax_u.set_ylabel("mean ‖u_(k+1) − u_k‖ (log scale)")
-        ax_p.set_title(f"{lab}\nangular update × scale (flat = Lemma 2)")
-        ax_p.set_ylabel("mean ‖u_(k+1) − u_k‖ · s_k (log scale)")
-        for ax in (ax_s, ax_u, ax_p):
+            ax.set_title(f"{lab}\n{title}")
+            ax.set_ylabel(ylabel)
             ax.set_xlabel("loop k (dotted: K_train)")
             _int_ticks(ax)
     _legend(fig, groups)
