@@ -1,31 +1,5 @@
-"""The endpoint-scale story: loss placement × scale visibility over a grid of runs.
-
-The paper's 2×2 decomposition (official `src/eval/endpoint_scale_story_metrics.py`): each
-run is placed by its loss (terminal or per-loop CE, the official `endpoint_trained`) and by
-whether its loss can see ‖H‖ (`scale_visible`: a raw or final-only readout, or a norm
-penalty; the official definition), and reduced to
-
-  ppl_1, ppl_K   PPL of exit 1 and exit K (exit readouts; eval/depth.json, else the run's
-                 end-of-training validation)
-  ce_gap         CE(1) − CE(K) = ln ppl_1 − ln ppl_K: how unusable the early exit is
-  norm_K         ‖H_K‖, mean per-token L2 norm at exit K
-  r_K            the radial gradient fraction at exit K (eval/radial.json). The official
-                 table's `$r_K$` column is this quantity (its CSV's `radial_cos_loop4`),
-                 not ‖H_K‖.
-
-Across the runs it reports Pearson and Spearman (average ranks for ties) of
-log10 r_K (floored at 1e-12) against log10 ‖H_K‖, the mean CE gap by loss placement and the
-mean log10 ‖H_K‖ by scale visibility, over three sets: the core 2×2 (terminal/per-loop ×
-RMSNorm/raw), the core plus the official controls (per-loop final-only norm, terminal norm
-penalty), and every run. One point per run (the official script has one checkpoint per
-scale and condition, i.e. one seed); the table shows seed means. The quadrant figure plots
-CE gap (symlog x) against log10 ‖H_K‖ with the official thresholds (usable exits: gap ≤ 1;
-controlled scale: ‖H_K‖ ≤ 10²).
-
-  loopscale eval story --runs RUN_DIR... --out DIR   story.{csv,md}, story_summary.json,
-                                                     story_quadrant.{png,pdf} (document.write_story)
-
-The report has the same table (story) and figure (story_quadrant, figures.py).
+"""The endpoint-scale story (official endpoint_scale_story_metrics.py): each run placed by loss placement × scale
+visibility, the correlations and 2×2 means over the runs, and table `story`. Method: docs/diagnostics.md, "story".
 """
 from __future__ import annotations
 
@@ -65,8 +39,7 @@ def story_point(run: Run) -> Optional[dict]:
     ex, _ = exits(run)
     if not ex:
         return None
-    first, last = ex[0], ex[-1]
-    p1, pk, nk = first.get("ppl"), last.get("ppl"), last.get("norm")
+    p1, pk, nk = ex[0].get("ppl"), ex[-1].get("ppl"), ex[-1].get("norm")
     if not (finite(p1) and finite(pk) and p1 > 0 and pk > 0 and finite(nk) and nk > 0):
         return None
     rad = radial_loops(run) or []
