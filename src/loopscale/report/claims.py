@@ -110,14 +110,18 @@ class ClaimResult:
         """reproduced | not reproduced | mixed | not run at this scale | control uninformative."""
         return MIXED if self.verdict.startswith(MIXED) else self.verdict.split(" (", 1)[0]
 
+    @property
+    def headline(self) -> str:
+        """The verdict on the seed means."""
+        return self.mean_verdict or self.verdict
+
     def per_seed_text(self) -> str:
         return "; ".join(f"{s}: {v}" for s, v in self.seed_verdicts.items())
 
     def choices_agree(self) -> tuple[int, int]:
         """(cells agreeing with the headline seed-mean verdict, cells evaluated) over choice × seed."""
-        head = self.mean_verdict or self.verdict
         ev = [v for *_, v in self.choice_cells if v in (REPRODUCED, NOT_REPRODUCED)]
-        return sum(v == head for v in ev), len(ev)
+        return sum(v == self.headline for v in ev), len(ev)
 
     def choices_text(self) -> str:
         if not self.choice_cells:
@@ -131,7 +135,7 @@ class ClaimResult:
         k, n = self.choices_agree()
         return {"arm": self.arm, "size": self.size, "id": self.id, "kind": self.kind, "claim": self.claim,
                 "paper": self.paper, "ours": self.ours, "verdict": self.verdict, "outcome": self.outcome,
-                "verdict_seed_means": self.mean_verdict or self.verdict,
+                "verdict_seed_means": self.headline,
                 "seeds_reproduced": sum(v == REPRODUCED for v in ev), "seeds_evaluated": len(ev),
                 "per_seed": self.per_seed_text(), "rule": self.rule, "why_sanity": self.why_sanity,
                 "choices_agree": k, "choices_evaluated": n, "robustness": self.robustness,
@@ -206,11 +210,11 @@ def _get(table: dict, cond: Condition, what: str = "", stat: str = "mean") -> Co
         raise _Missing(f"{cond.label}: no ‖H_K‖ ({NORM_STATS[stat]})")
     if what == "ppl" and not finite(s.ppl_K):
         raise _Missing(f"{cond.label}: no final-exit PPL")
-    if what == "exits" and (len([p for p in s.exit_ppl if finite(p)]) < 2):
+    if what == "exits" and sum(finite(p) for p in s.exit_ppl) < 2:
         raise _Missing(f"{cond.label}: fewer than two exit PPLs")
-    if what == "radial" and not [v for v in s.radial if finite(v)]:
+    if what == "radial" and not any(finite(v) for v in s.radial):
         raise _Missing(f"{cond.label}: no eval/radial.json")
-    if what == "clamp" and not [v for v in s.clamp_dce.values() if finite(v)]:
+    if what == "clamp" and not any(finite(v) for v in s.clamp_dce.values()):
         raise _Missing(f"{cond.label}: no eval/clamp.json")
     if what in (FREEZE_MODE, OTHER_CLAMP) and not finite(s.clamp_dce.get(what)):
         raise _Missing(f"{cond.label}: no {what} clamp in eval/clamp.json")
@@ -745,19 +749,16 @@ def evaluate_records(records: list[RunRecord], specs=CLAIM_SPECS, preregistered:
             return results
 
         results = judged(specs)
-        registered = [ClaimSpec(s.registered, "", ()) for s in specs if s.registered is not None]
-        registered = iter(judged(registered)) if not preregistered else iter(())
         for spec, r in zip(specs, results):
             r.robustness = robustness(spec, table)
             r.choice_cells += [(ch.name, label, s, spec.fn(seed_tables[s], **{ch.knob: value}).verdict)
                                for ch in spec.choices for value, label in ch.options for s in seeds]
-            if preregistered:
-                r.amendment = f"pre-registered ({preregistered})"
-            else:
-                r.amendment = spec.amendment
-                if spec.registered is not None:
-                    reg = next(registered)
-                    r.registered_rule, r.registered_verdict = reg.rule, reg.verdict
+            r.amendment = f"pre-registered ({preregistered})" if preregistered else spec.amendment
+        if not preregistered:
+            amended = [(spec, r) for spec, r in zip(specs, results) if spec.registered is not None]
+            registered = judged([ClaimSpec(spec.registered, "", ()) for spec, _ in amended])
+            for (_, r), reg in zip(amended, registered):
+                r.registered_rule, r.registered_verdict = reg.rule, reg.verdict
         out += results
     return out
 
@@ -815,7 +816,7 @@ def choices_markdown(results: list[ClaimResult]) -> str:
     head = ("## Researcher choices\n\nEach claim re-evaluated in every seed under the choices the rule does not fix "
             "(the rule's own option first). Agreement with the headline (seed-mean) verdict, over the evaluable "
             "choice × seed cells:\n\n" + "\n".join(
-                f"- {'[' + r.arm + '] ' if multi else ''}({r.id}) headline **{r.mean_verdict or r.verdict}**: "
+                f"- {'[' + r.arm + '] ' if multi else ''}({r.id}) headline **{r.headline}**: "
                 f"{r.choices_text()}" for r in results) + "\n")
     if not rows:
         return head
@@ -830,8 +831,8 @@ def claims_frame(results: list[ClaimResult]):
 def choices_frame(results: list[ClaimResult]):
     import pandas as pd
     rows = [{"arm": r.arm, "id": r.id, "kind": r.kind, "claim": r.claim, "choice": c, "option": o,
-             "headline": r.mean_verdict or r.verdict, "seed": s, "verdict": v,
-             "agrees": (v == (r.mean_verdict or r.verdict)) if v in (REPRODUCED, NOT_REPRODUCED) else None}
+             "headline": r.headline, "seed": s, "verdict": v,
+             "agrees": (v == r.headline) if v in (REPRODUCED, NOT_REPRODUCED) else None}
             for r in results for c, o, s, v in r.choice_cells]
     return pd.DataFrame(rows, columns=CHOICES_COLUMNS)
 
