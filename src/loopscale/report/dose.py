@@ -65,7 +65,7 @@ def run_rows(records: list[RunRecord]) -> pd.DataFrame:
         g = (ppl[0] - ppl[-1]) / ppl[0] if len(ppl) >= 2 and all(finite(p) for p in ppl) else math.nan
         rows.append({"arm": r.arm, "lambda": _lam(r), "seed": r.seed, "status": "completed" if r.completed else r.note,
                      "norm_K": _norm_K(r), "depth_gain": g,
-                     "ppl_1": ppl[0] if ppl else math.nan, "ppl_K": r.last(ppl) if r.completed else math.nan})
+                     "ppl_1": ppl[0] if ppl else math.nan, "ppl_K": r.last(ppl)})
     df = pd.DataFrame(rows, columns=DOSE_COLUMNS)
     return df.sort_values(["lambda", "seed"], kind="stable").reset_index(drop=True)
 
