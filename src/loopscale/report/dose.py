@@ -46,7 +46,7 @@ DOSE_COLUMNS = ["arm", "lambda", "seed", "status", "norm_K", "depth_gain", "ppl_
 
 
 def _lam(r: RunRecord) -> float:
-    return float(r.penalty_weight) if r.cond.regularizer == "norm_penalty" else 0.0
+    return float(r.cond.penalty_weight) if r.cond.regularizer == "norm_penalty" else 0.0
 
 
 def _norm_K(r: RunRecord) -> float:

@@ -48,10 +48,6 @@ class RunRecord:
     growth: float = math.nan  # exponent b of ‖H_K‖ ∝ t^b over the training log
     params: int = 0  # the size's parameter count (orders the arms)
 
-    @property
-    def penalty_weight(self) -> float:
-        return self.cond.penalty_weight
-
     def last(self, values: list) -> float:
         return values[-1] if len(values) == self.K and self.K and finite(values[-1]) else math.nan
 
