@@ -1,20 +1,6 @@
 """The dose-response claims (studies/cpu_dose): does scale control cause depth use?
 
-One arm per λ of the norm penalty (per-loop CE + RMSNorm readout; λ = 0 is the drifting model
-without a regularizer), λ read from each run's resolved config (objective.penalty_weight).
-Per run: ‖H_K‖ (mean per-token norm of the last loop's state, from the norms diagnostic;
-the depth evaluation's exit norm where that diagnostic is absent), the depth gain G = (PPL_1 − PPL_K)/PPL_1
-and PPL_K. Rules (all evidence; ρ = scipy.stats.spearmanr):
-
- (D1) ‖H_K‖ falls with λ: ρ(λ, seed-mean ‖H_K‖) ≤ DOSE_NORM_RHO_MAX over the λ, and
-      ‖H_K‖(λ = DOSE_TOP_LAMBDA) ≤ DOSE_NORM_FRACTION_MAX × ‖H_K‖(λ = 0)
- (D2) depth gain rises with λ: ρ(λ, seed-mean G) ≥ DOSE_GAIN_RHO_MIN, and
-      G(λ = DOSE_MID_LAMBDA) ≥ max(DOSE_GAIN_RATIO_MIN × G(0), DOSE_GAIN_MIN)
- (D3) over every run of the study (all seeds pooled): ρ(ln ‖H_K‖, G) ≤ DOSE_NORM_GAIN_RHO_MAX
- (D4) PPL_K(λ = DOSE_MID_LAMBDA) ≤ DOSE_PPL_RATIO_MAX × PPL_K(λ = 0)
-
-D1, D2 and D4 are also applied to every seed alone (its runs over λ); D3 pools the runs, so it
-has no per-seed verdict.
+The arms, the per-run quantities and the rules D1–D4: docs/studies.md, "The dose rules".
 """
 from __future__ import annotations
 
