@@ -1,25 +1,7 @@
 """The drift law of one experiment: how ‖H_K‖ grows with training steps, fitted per
-condition and extrapolated to the paper's training lengths.
-
-Data: every training log record (metrics.jsonl: `step`, `norm` = ‖H_k‖ per exit on the
-training batch) of the completed runs of one size × condition, from FIT_FROM_FRACTION of
-the last logged step on (the early transient is left out). Two laws are fitted by least
-squares:
-
-  power   ‖H_K‖ = A · t^b          (a line in log ‖H_K‖ vs log t)
-  log     ‖H_K‖ = a + b · log t    (a line in ‖H_K‖ vs log t)
-
-Both are scored by R² of log ‖H_K‖ (the norms span decades, so errors count relatively);
-the law with the higher R² is named "chosen" (a log law that falls to a norm <= 0 by the
-target step is not a candidate), but both are extrapolated: the choice of law is part of
-the uncertainty, so the band spans both laws' 95% intervals. The intervals come from a
-bootstrap over runs (seeds: each resample draws whole runs with replacement), or, with a
-single run, over blocks of consecutive log records — never over single records, which are
-autocorrelated. The targets are the paper's step counts for its 44M and 129M models (4
-epochs of its token stream in 257-token windows every 128 tokens, `paper_steps`). This is
-an extrapolation of a small model's law over one to two orders of magnitude of steps, not
-a measurement; `drift_law.py` fits one law across experiments with width, depth and
-learning rate as factors.
+condition (a power law and a log law) and extrapolated to the paper's training lengths with
+bootstrap intervals. The data, the laws, the choice between them and the bootstrap:
+docs/studies.md, "The drift law"; `drift_law.py` fits one law across experiments.
 """
 from __future__ import annotations
 
