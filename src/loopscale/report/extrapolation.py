@@ -204,17 +204,14 @@ def drift_table(groups: list[Group]) -> Table:
         g = res.group
         sq = math.sqrt(g.d_model) if g.d_model else math.nan
         last_step = int(res.steps.max()) if len(res.steps) else 0
-        last = [v for s, v in zip(res.steps, res.norms) if s == last_step]
-        obs = float(np.mean(last)) if last else math.nan
-        f = res.fits or {}
+        obs = float(res.norms[res.steps == last_step].mean()) if len(res.steps) else math.nan
+        f = res.fits or {law: Fit(law, math.nan, math.nan, math.nan) for law in ("power", "log")}
         row = {"size": g.size.label, "params": g.size.params, "d_model": g.d_model, "condition": g.cond.label,
                "condition_id": g.cond.slug, "n_seeds": res.seeds, "n_records": len(res.steps),
                "fit_from_step": int(res.steps.min()) if len(res.steps) else 0, "last_step": last_step,
                "norm_K_last_step": obs, "law": res.chosen.law if res.ok else "",
-               "power_A": math.exp(f["power"].a) if f else math.nan, "power_b": f["power"].b if f else math.nan,
-               "power_r2": f["power"].r2 if f else math.nan,
-               "log_a": f["log"].a if f else math.nan, "log_b": f["log"].b if f else math.nan,
-               "log_r2": f["log"].r2 if f else math.nan,
+               "power_A": math.exp(f["power"].a), "power_b": f["power"].b, "power_r2": f["power"].r2,
+               "log_a": f["log"].a, "log_b": f["log"].b, "log_r2": f["log"].r2,
                "target_steps": T, "norm_K_at_target": res.at_target, "ci_low": res.ci[0], "ci_high": res.ci[1],
                "norm_K_at_target_over_sqrt_d": res.at_target / sq, "paper_norm_K": _paper_norm(g),
                "bootstrap": ("runs" if res.seeds > 1 else "blocks of one run") if res.ok else ""}
@@ -226,9 +223,9 @@ def drift_table(groups: list[Group]) -> Table:
                 row[f"{law}_at_{tag}"], row[f"{law}_{tag}_low"], row[f"{law}_{tag}_high"] = pred, lo, hi
             row[f"band_{tag}_low"], row[f"band_{tag}_high"] = res.band(name)
         rows.append(row)
+        head = [g.size.label, g.cond.label, str(res.seeds), str(len(res.steps)), num(obs)]
         if not res.ok:
-            md_rows.append([g.size.label, g.cond.label, str(res.seeds), str(len(res.steps)), num(obs),
-                            "too few log records", EMPTY, EMPTY, EMPTY, EMPTY, _paper_norm(g)])
+            md_rows.append(head + ["too few log records", EMPTY, EMPTY, EMPTY, EMPTY, _paper_norm(g)])
             continue
 
         def at(name: str) -> str:
@@ -236,10 +233,8 @@ def drift_table(groups: list[Group]) -> Table:
             lo, hi = res.band(name)
             return f"power {num(p_)}, log {num(lg)}; band {num(lo)} – {num(hi)}"
 
-        md_rows.append([g.size.label, g.cond.label, str(res.seeds), str(len(res.steps)), num(obs),
-                        f"{res.chosen.law}: {res.chosen.formula}",
-                        f"{_r2(f['power'].r2)} / {_r2(f['log'].r2)}", at("44M"), at("129M"),
-                        num(res.band("44M")[1] / sq), _paper_norm(g)])
+        md_rows.append(head + [f"{res.chosen.law}: {res.chosen.formula}", f"{_r2(f['power'].r2)} / {_r2(f['log'].r2)}",
+                               at("44M"), at("129M"), num(res.band("44M")[1] / sq), _paper_norm(g)])
     md = md_table(["Size", "Condition", "seeds", "records", "‖H_K‖ at last step", "law (higher R²)",
                    "R² power / log", f"‖H_K‖ at {T:,} steps (44M)", f"at {T129:,} steps (129M)",
                    "band top at 44M /√d", "Paper ‖H_K‖"], md_rows)
