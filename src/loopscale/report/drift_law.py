@@ -79,11 +79,6 @@ def config_key(setting) -> tuple:
     return tuple(float(setting[c]) for c in CONFIG)
 
 
-def _t_quantile(df: float) -> float:
-    from scipy.stats import t
-    return float(t.ppf(0.5 + LEVEL / 2, df))
-
-
 @dataclass
 class LawFit:
     """One law fitted in two stages (module docstring): stage 2's OLS over configurations and the
@@ -139,8 +134,9 @@ class LawFit:
         var = sum(v for v, _ in parts)
         if not all(math.isfinite(v) and (v == 0 or d > 0) for v, d in parts) or var <= 0:
             return math.exp(point), math.nan, math.nan
+        from scipy.stats import t
         dof = var ** 2 / sum(v ** 2 / d for v, d in parts if v > 0)  # Welch–Satterthwaite
-        half = _t_quantile(dof) * math.sqrt(var)
+        half = float(t.ppf(0.5 + LEVEL / 2, dof)) * math.sqrt(var)
         return math.exp(point), math.exp(point - half), math.exp(point + half)
 
     def formula(self) -> str:
@@ -165,10 +161,6 @@ class _Arrays:
 
     def subset(self, mask: np.ndarray) -> "_Arrays":
         return _Arrays(self.cfg[mask], pd.factorize(self.run[mask], sort=True)[0], self.step[mask], self.y[mask])
-
-    @property
-    def keys(self) -> np.ndarray:
-        return np.unique(self.cfg, axis=0)
 
 
 @dataclass
@@ -333,13 +325,11 @@ class DriftLaw:
 def _law(a: _Arrays, records: Optional[pd.DataFrame] = None) -> DriftLaw:
     if len(a.y) == 0 or int(a.run.max()) < 1:
         raise DriftLawError("the drift law needs the training logs of at least two runs of the condition")
-    factors = _identifiable(a.keys)
+    factors = _identifiable(np.unique(a.cfg, axis=0))
     return DriftLaw(records, factors, {law: _fit(a, law, factors) for law in LAWS}, a)
 
 
 def fit_drift_law(records: pd.DataFrame) -> DriftLaw:
-    if records.empty or records.run.nunique() < 2:
-        raise DriftLawError("the drift law needs the training logs of at least two runs of the condition")
     records = records if "tokens" in records else _with_tokens(records)
     return _law(_Arrays.of(records), records)
 
@@ -385,7 +375,7 @@ def _coverage_row(check: str, g: pd.DataFrame, p: Optional[Prediction], measured
     lo, hi = p.band if p is not None else (math.nan, math.nan)
     row["band_low"], row["band_high"] = lo, hi
     row["inside"] = bool(lo <= measured <= hi) if math.isfinite(lo) else None
-    row["measured_over_power"] = measured / row["power"] if p is not None and p.by_law else math.nan
+    row["measured_over_power"] = measured / row["power"]
     row["reason"] = reason or (p.reason if p is not None else "")
     return row
 
