@@ -364,19 +364,18 @@ def held_out_check(records: pd.DataFrame, experiment: str) -> HeldOut:
     return HeldOut(experiment, observed, law.predict(f"held-out {experiment}", step, n_runs=n, **_setting(test)), n)
 
 
-def _coverage_row(check: str, g: pd.DataFrame, p: Optional[Prediction], measured: float, step: int,
-                  runs: int, reason: str = "") -> dict:
+def _coverage_row(check: str, g: pd.DataFrame, p: Prediction, measured: float, step: int, runs: int) -> dict:
     row = {"check": check, **{c: float(g[c].iloc[0]) for c in CONFIG},
            "experiments": ",".join(sorted(g.experiment.unique())), "runs": runs, "step": step, "measured": measured}
     for law in LAWS:
-        v = p.by_law.get(law, (math.nan,) * 3) if p is not None else (math.nan,) * 3
+        v = p.by_law.get(law, (math.nan,) * 3)
         row[law], row[f"{law}_low"], row[f"{law}_high"] = v
         row[f"{law}_inside"] = bool(v[1] <= measured <= v[2]) if math.isfinite(v[1]) else None
-    lo, hi = p.band if p is not None else (math.nan, math.nan)
+    lo, hi = p.band
     row["band_low"], row["band_high"] = lo, hi
     row["inside"] = bool(lo <= measured <= hi) if math.isfinite(lo) else None
     row["measured_over_power"] = measured / row["power"]
-    row["reason"] = reason or (p.reason if p is not None else "")
+    row["reason"] = p.reason
     return row
 
 
@@ -397,12 +396,11 @@ def leave_one_configuration_out(records: pd.DataFrame) -> pd.DataFrame:
         setting = {c: f[c] for c in CONFIG}
         own = np.all(a.cfg == np.array(config_key(setting)), axis=1)
         step, n = int(round(f["step"])), int(f["runs"])
-        p, reason = None, ""
         try:
             p = _law(a.subset(~own)).predict("loco", step, n_runs=n, **setting)
         except DriftLawError as e:
-            reason = str(e)
-        rows.append(_coverage_row("leave-one-configuration-out", records.loc[own], p, f["measured"], step, n, reason))
+            p = Prediction("loco", setting, step, reason=str(e))
+        rows.append(_coverage_row("leave-one-configuration-out", records.loc[own], p, f["measured"], step, n))
     return pd.DataFrame(rows)
 
 
