@@ -40,10 +40,8 @@ class Fit:
     r2: float  # of log ‖H_K‖
 
     def predict(self, t) -> np.ndarray:
-        t = np.asarray(t, dtype=float)
-        if self.law == "power":
-            return np.exp(self.a + self.b * np.log(t))
-        return self.a + self.b * np.log(t)
+        v = self.a + self.b * np.log(np.asarray(t, dtype=float))
+        return np.exp(v) if self.law == "power" else v
 
     @property
     def formula(self) -> str:
