@@ -476,8 +476,9 @@ def fit_tokenizer(cfg: DataConfig, corpus: dict[str, list[str]], show_progress: 
     (docs/data.md). Decoding concatenates pieces, so ``decode(encode(s).ids) == s`` when no
     piece is unknown."""
     _check_vocab_setting(cfg)
+    fit_splits = ("train", "validation") if cfg.fit_on == "train+validation" else ("train",)
     if cfg.tokenization == "paper":
-        return _fit_paper_tokenizer(cfg, corpus)
+        return _fit_paper_tokenizer(cfg, corpus, fit_splits)
     settings = dict(vocab_size=cfg.vocab_size, min_frequency=cfg.min_frequency,
                     special_tokens=list(SPECIAL_TOKENS), show_progress=show_progress)
     if cfg.tokenizer == "word":
@@ -490,7 +491,6 @@ def fit_tokenizer(cfg: DataConfig, corpus: dict[str, list[str]], show_progress: 
         tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
         tok.decoder = decoders.ByteLevel()
         trainer = trainers.BpeTrainer(**settings, initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
-    fit_splits = ("train", "validation") if cfg.fit_on == "train+validation" else ("train",)
     texts = [join_documents(corpus.get(s, [])) for s in fit_splits]
     if not any(texts):
         raise DataError(f"no text to fit the tokenizer on ({' + '.join(fit_splits)} is empty)")
@@ -516,9 +516,8 @@ def paper_vocabulary(rows: Iterable[str], vocab_size: int, min_frequency: int) -
     return list(SPECIAL_TOKENS) + [t for t, _ in items[:max(0, vocab_size - len(SPECIAL_TOKENS))]]
 
 
-def _fit_paper_tokenizer(cfg: DataConfig, corpus: dict[str, list[str]]) -> Tokenizer:
-    """``tokenization=paper``: the official vocabulary of the fit splits' rows, as a Tokenizer."""
-    fit_splits = ("train", "validation") if cfg.fit_on == "train+validation" else ("train",)
+def _fit_paper_tokenizer(cfg: DataConfig, corpus: dict[str, list[str]], fit_splits: tuple[str, ...]) -> Tokenizer:
+    """``tokenization=paper``: the official vocabulary of the `fit_splits` rows, as a Tokenizer."""
     rows = [row for s in fit_splits for row in corpus.get(s, [])]
     if not rows:
         raise DataError(f"no text to fit the tokenizer on ({' + '.join(fit_splits)} is empty)")
