@@ -282,13 +282,8 @@ def hub_endpoint() -> str:
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
-    """True if the hub answers an HTTP request for the WikiText repo within `timeout` seconds.
-
-    Any HTTP answer (even an error status) counts as reachable; no answer, a refused
-    connection or a failed name lookup does not. Proxy variables are honoured (urllib). The
-    request runs in a daemon thread, so a hanging name lookup cannot stall the caller.
-    A bare TCP connect is not enough: some sandboxes accept every connection and never answer.
-    """
+    """True if the hub answers an HTTP request for the WikiText repo within `timeout` seconds (any
+    HTTP answer, even an error status; docs/data.md, step 1 of the data path, describes the probe)."""
     url = f"{hub_endpoint()}/api/datasets/{WIKITEXT_REPO}"
     result: list[bool] = []
 
@@ -353,14 +348,8 @@ def _load_wikitext(source: str, hf_dataset: Optional[str] = None, rows: bool = F
 # tokenizers
 # ---------------------------------------------------------------------------
 def word_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
-    """The paper's pre-tokenisation: the pieces matched by `WORD_PATTERN`.
-
-    Whitespace runs, ASCII word runs and single punctuation characters are the pieces. On
-    ASCII text this equals ``re.findall(WORD_PATTERN, text)``. Characters the regex does not
-    match (non-ASCII letters/digits such as ``é``: ``\\w`` but not ``[A-Za-z0-9_]``) are not
-    dropped as ``re.findall`` would drop them: each maximal run of them becomes a piece of its
-    own (``"café"`` -> ``"caf"``, ``"é"``) and maps to its vocabulary id or ``<unk>``.
-    """
+    """The paper's pre-tokenisation under ``tokenization=joined``: the pieces matched by `WORD_PATTERN`,
+    a run of the characters it does not match a piece of its own (docs/data.md "`joined`")."""
     return pre_tokenizers.Split(Regex(WORD_PATTERN), behavior="isolated", invert=False)
 
 
@@ -395,12 +384,8 @@ def _paper_classes() -> tuple[str, str]:
 
 
 def paper_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
-    """Pieces equal to Python's ``re.findall(WORD_PATTERN, text)``, for any text.
-
-    Two Splits: the characters the pattern cannot match are removed (cutting the text
-    there), then each remaining stretch is cut into whitespace runs (Python ``\\s``), ASCII
-    word runs and single other characters. Unlike `word_pre_tokenizer`, nothing the
-    official tokenizer drops survives as a piece."""
+    """Pieces equal to Python's ``re.findall(WORD_PATTERN, text)``, for any text: two Splits
+    (docs/data.md "As a `tokenizers.Tokenizer`")."""
     space, skipped = _paper_classes()
     pieces = Regex(f"[{space}]+|[A-Za-z0-9_]+|[^{space}A-Za-z0-9_]")
     return pre_tokenizers.Sequence([
@@ -409,15 +394,10 @@ def paper_pre_tokenizer() -> pre_tokenizers.PreTokenizer:
 
 
 def paper_tokenizer(itos: list[str], pattern: str) -> Tokenizer:
-    """The official RegexTokenizer as a `tokenizers.Tokenizer`, from a checkpoint's
-    ``tokenizer`` state (``{"kind": "regex", "itos": [...], "pattern": ...}``).
-
-    ``encode(text).ids`` equals the official ``encode(text)`` (no BOS/EOS) and ``decode(ids)``
-    its ``decode(ids)`` (special tokens skipped; the official decode also stops at the first
-    ``<eos>``, which the paper's streams never hold). The specials (ids 0..3) are plain
-    vocabulary, not added tokens, so a literal ``"<unk>"`` is cut into ``<``, ``unk``, ``>`` as
-    the official code cuts it. Another pattern than `WORD_PATTERN` or a bad vocabulary raises
-    `DataError`."""
+    """The official RegexTokenizer as a `tokenizers.Tokenizer`, from a checkpoint's ``tokenizer`` state
+    (``{"kind": "regex", "itos": [...], "pattern": ...}``): its ``encode`` and ``decode`` are the official
+    ones (docs/data.md "As a `tokenizers.Tokenizer`"). Another pattern than `WORD_PATTERN` or a bad
+    vocabulary raises `DataError`."""
     if pattern != WORD_PATTERN:
         raise DataError(f"tokenizer pattern {pattern!r} cannot be reproduced exactly (only the paper's "
                         f"{WORD_PATTERN!r} is supported)")
@@ -441,13 +421,8 @@ def paper_tokenizer(itos: list[str], pattern: str) -> Tokenizer:
 
 
 def _chunks(text: str, size: int = _CHUNK_CHARS) -> Iterator[str]:
-    """Cut `text` into pieces of `size` to `2 * size` characters, so memory per piece is bounded.
-
-    A piece ends at the first certain token boundary (a word character before a space or
-    newline: exact for both tokenizers) after `size` characters; a stretch of `size`
-    characters without one (a long line of punctuation) is cut before a punctuation
-    character (exact for the word tokenizer, whose punctuation tokens are single
-    characters), and one without either at `2 * size` characters."""
+    """Cut `text` into pieces of `size` to `2 * size` characters, so memory per piece is bounded
+    (docs/data.md, step 3 of the data path, says where a piece ends)."""
     pos, n = 0, len(text)
     while pos < n:
         end = n
@@ -503,11 +478,8 @@ def fit_tokenizer(cfg: DataConfig, corpus: dict[str, list[str]], show_progress: 
 
 
 def paper_vocabulary(rows: Iterable[str], vocab_size: int, min_frequency: int) -> list[str]:
-    """The official RegexTokenizer's ``itos`` for `rows` (``RegexTokenizer.from_texts``).
-
-    Pieces (``re.findall(WORD_PATTERN, row)``) are counted row by row, so no piece spans two
-    rows; pieces seen fewer than `min_frequency` times are left out, the rest sorted by
-    (-count, string) after the specials (ids 0..3) and cut at `vocab_size` entries in all."""
+    """The official RegexTokenizer's ``itos`` for `rows` (``RegexTokenizer.from_texts``): the specials,
+    then the pieces counted row by row (docs/data.md "`paper`", step 2), `vocab_size` entries at most."""
     from collections import Counter
     findall = re.compile(WORD_PATTERN).findall
     counts = Counter(piece for row in rows for piece in findall(row))
@@ -854,11 +826,8 @@ def _check_window(n_tokens: int, seq_len: int) -> None:
 
 
 def train_window_starts(n_tokens: int, seq_len: int, stride: int) -> np.ndarray:
-    """Start offsets of training windows of ``seq_len + 1`` tokens, one every `stride` tokens.
-
-    Windows overlap when ``stride < seq_len`` (paper: 257-token windows, stride 128). The
-    last window ends at or before `n_tokens`; a tail shorter than a stride is not a start.
-    """
+    """Start offsets of training windows of ``seq_len + 1`` tokens, one every `stride` tokens
+    (docs/data.md, "Windows")."""
     _check_window(n_tokens, seq_len)
     if stride < 1:
         raise DataError(f"train.stride must be positive, got {stride}")
@@ -866,12 +835,8 @@ def train_window_starts(n_tokens: int, seq_len: int, stride: int) -> np.ndarray:
 
 
 def eval_window_starts(n_tokens: int, seq_len: int, max_tokens: int = 0) -> np.ndarray:
-    """Start offsets of evaluation windows of ``seq_len + 1`` tokens, stepping by `seq_len`.
-
-    Window i predicts tokens ``i*seq_len + 1 .. (i+1)*seq_len``, so every predicted token is
-    predicted exactly once (token 0 and a tail shorter than `seq_len` are not predicted).
-    ``max_tokens > 0`` keeps the first ``max(1, max_tokens // seq_len)`` windows.
-    """
+    """Start offsets of evaluation windows of ``seq_len + 1`` tokens, stepping by `seq_len` (docs/data.md,
+    "Windows"); ``max_tokens > 0`` keeps the first ``max(1, max_tokens // seq_len)`` windows."""
     _check_window(n_tokens, seq_len)
     starts = np.arange(0, n_tokens - seq_len, seq_len, dtype=np.int64)
     if max_tokens > 0:
