@@ -265,12 +265,14 @@ class Condition:
     @property
     def scale_invariant_readout(self) -> bool:
         """Every exit of the readout is scale-invariant (r(αH) = r(H))."""
-        return getattr(self.readout_spec, "scale_invariant", False)
+        r = self.readout_spec
+        return r is not None and r.scale_invariant
 
     @property
     def raw_readout(self) -> bool:
         """No exit of the readout is normalised."""
-        return getattr(self.readout_spec, "raw", False)
+        r = self.readout_spec
+        return r is not None and r.raw
 
     @property
     def label(self) -> str:

@@ -402,8 +402,11 @@ def claim_radial(t: dict, tolerance: float = 1.0) -> ClaimResult:
     vis_conds = sorted((c for c in t if c.raw_readout), key=Condition.sort_key)
     inv, miss_i = _present(t, inv_conds, "radial")
     vis, miss_v = _present(t, vis_conds, "radial")
-    why = [f"no {kind} condition with radial data" + (f" ({'; '.join(miss)})" if miss else "")
-           for kind, got, miss in (("RMSNorm/LayerNorm-readout", inv, miss_i), ("raw-readout", vis, miss_v)) if not got]
+    why = []
+    if not inv:
+        why.append("no RMSNorm/LayerNorm-readout condition with radial data" + (f" ({'; '.join(miss_i)})" if miss_i else ""))
+    if not vis:
+        why.append("no raw-readout condition with radial data" + (f" ({'; '.join(miss_v)})" if miss_v else ""))
     if why:
         return _not_run(cid, claim, p, rule, why)
     inv_max = max(max(v for v in s.radial if finite(v)) for s in inv)

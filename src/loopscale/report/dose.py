@@ -67,8 +67,9 @@ def _at(m: pd.DataFrame, lam: float, col: str) -> float:
 
 
 def _trend(rid: str, claim: str, rule: str, df: pd.DataFrame, col: str, lam: float, what: str):
-    """(the rule's ClaimResult, not run yet, and (the seed means of `col` by λ, ρ(λ, those means), the mean
-    at `lam`, the mean at λ=0)), or (it, None) with `ours` naming what is missing (too few λ, or no λ=0 or `lam`)."""
+    """(r, trend): r the rule's ClaimResult, still "not run"; trend the seed means of `col` by λ,
+    ρ(λ, those means), the mean at `lam` and the mean at λ=0 — or None, with `r.ours` naming what is
+    missing (too few λ, or no λ=0 or `lam`)."""
     r = ClaimResult(rid, claim, PAPER, "", NOT_RUN, rule)
     m = _means(df).dropna(subset=[col])
     at, zero = _at(m, lam, col), _at(m, 0.0, col)

@@ -152,7 +152,9 @@ LEMMA_KEYS = ("scale", "radial_increment", "relative_increment", "angular_update
 
 def lemma_loops(run: Run) -> Optional[list]:
     rows = _field(run, "lemma", "loops", list)
-    return [{"k": r.get("k"), **{key: r.get(key, math.nan) for key in LEMMA_KEYS}} for r in rows] if rows else None
+    if not rows:
+        return None
+    return [{"k": r.get("k"), **{key: r.get(key, math.nan) for key in LEMMA_KEYS}} for r in rows]
 
 
 def clamp_modes(run: Run) -> Optional[dict]:
